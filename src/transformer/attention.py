@@ -1,0 +1,332 @@
+"""Multi-head attention as *Dive into Deep Learning* teaches it, made fast.
+
+The public API follows the book's PyTorch code (`masked_softmax`, `transpose_qkv`,
+`transpose_output`, `DotProductAttention`, `MultiHeadAttention(key_size, query_size,
+value_size, num_hiddens, num_heads, dropout, bias=False)`), so the book's examples run
+unchanged. On top of it, as keyword-only arguments of `MultiHeadAttention.forward`:
+
+* `key_padding_mask` (bool, True = padding) as an alternative to `valid_lens`;
+* `causal=True` for decoder self-attention (query i sees keys <= i);
+* `need_weights=True` to keep the attention weights (explicit path, as in the book);
+* `cache=KVCache(...)` for incremental decoding.
+
+Without weights requested, attention runs through PyTorch's fused
+`scaled_dot_product_attention` (SDPA) with the same masking semantics.
+
+Masks are boolean throughout (True = may attend); masked scores get the dtype's minimum,
+never a literal like -1e9 that overflows in fp16. A query with no key it may attend to
+(e.g. `valid_lens` of 0) yields an all-zero weight row and a zero output, never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "masked_softmax",
+    "transpose_qkv",
+    "transpose_output",
+    "attention_mask",
+    "DotProductAttention",
+    "KVCache",
+    "MultiHeadAttention",
+]
+
+
+# ---------------------------------------------------------------------------------------
+# Masks and the masked softmax
+# ---------------------------------------------------------------------------------------
+def _valid_lens_mask(valid_lens: Tensor, num_queries: int, num_keys: int) -> Tensor:
+    """Boolean mask (batch, num_queries or 1, num_keys) from 1-D or 2-D `valid_lens`."""
+    keys = torch.arange(num_keys, device=valid_lens.device)
+    if valid_lens.dim() == 1:  # (batch,): the same length for every query
+        return keys[None, None, :] < valid_lens[:, None, None]
+    if valid_lens.dim() == 2:  # (batch, queries): one length per query
+        if valid_lens.shape[1] != num_queries:
+            raise ValueError(
+                f"2-D valid_lens must have shape (batch, {num_queries}), got {tuple(valid_lens.shape)}"
+            )
+        return keys[None, None, :] < valid_lens[:, :, None]
+    raise ValueError(f"valid_lens must be 1-D or 2-D, got shape {tuple(valid_lens.shape)}")
+
+
+def _masked_softmax(scores: Tensor, mask: Optional[Tensor]) -> Tensor:
+    """Softmax over the last axis; where `mask` is False the weight is exactly 0.
+
+    A row whose mask is all False gives all zeros (not NaN, not uniform).
+    """
+    if mask is None:
+        return F.softmax(scores, dim=-1)
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    # A fully masked row becomes uniform here; the final masked_fill zeroes it.
+    return F.softmax(scores, dim=-1).masked_fill(~mask, 0.0)
+
+
+def masked_softmax(X: Tensor, valid_lens: Optional[Tensor]) -> Tensor:
+    """The book's masked softmax: keys at or beyond `valid_lens` get weight exactly 0.
+
+    X: (batch, queries, keys); valid_lens: None, (batch,) or (batch, queries).
+    """
+    if valid_lens is None:
+        return F.softmax(X, dim=-1)
+    return _masked_softmax(X, _valid_lens_mask(valid_lens, X.shape[1], X.shape[-1]))
+
+
+def attention_mask(
+    batch_size: int,
+    num_queries: int,
+    num_keys: int,
+    *,
+    valid_lens: Optional[Tensor] = None,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    device: Optional[torch.device] = None,
+) -> Optional[Tensor]:
+    """Combine every kind of mask into one boolean mask, True = may attend.
+
+    Returns None when nothing is masked, else a tensor broadcastable to
+    (batch, num_heads, num_queries, num_keys) of shape (batch or 1, 1, queries or 1, keys).
+    With `causal`, query i sees keys <= i + (num_keys - num_queries): the queries are the
+    last `num_queries` positions of the key sequence (as when a cache holds the past).
+    """
+    if valid_lens is not None and key_padding_mask is not None:
+        raise ValueError("pass either valid_lens or key_padding_mask, not both")
+    mask = None
+    if valid_lens is not None:
+        mask = _valid_lens_mask(valid_lens, num_queries, num_keys)  # (batch, q or 1, keys)
+    elif key_padding_mask is not None:
+        if key_padding_mask.shape != (batch_size, num_keys):
+            raise ValueError(
+                f"key_padding_mask must have shape (batch, keys) = {(batch_size, num_keys)}, "
+                f"got {tuple(key_padding_mask.shape)}"
+            )
+        mask = ~key_padding_mask.bool()[:, None, :]  # (batch, 1, keys)
+    if causal and num_queries > 1:  # a single (newest) query may see every key
+        q = torch.arange(num_queries, device=device)[:, None] + (num_keys - num_queries)
+        future = torch.arange(num_keys, device=device)[None, :] <= q  # (queries, keys)
+        mask = future[None] if mask is None else mask & future
+    return None if mask is None else mask.unsqueeze(1)  # insert the heads axis
+
+
+# ---------------------------------------------------------------------------------------
+# Heads <-> batch reshapes
+# ---------------------------------------------------------------------------------------
+def _split_heads(X: Tensor, num_heads: int) -> Tensor:
+    """(batch, seq, num_hiddens) -> (batch, num_heads, seq, num_hiddens / num_heads), a view."""
+    return X.unflatten(-1, (num_heads, -1)).transpose(1, 2)
+
+
+def _merge_heads(X: Tensor) -> Tensor:
+    """(batch, num_heads, seq, head_dim) -> (batch, seq, num_heads * head_dim)."""
+    return X.transpose(1, 2).flatten(2)
+
+
+def transpose_qkv(X: Tensor, num_heads: int) -> Tensor:
+    """The book's reshape for parallel heads.
+
+    (batch, seq, num_hiddens) -> (batch * num_heads, seq, num_hiddens / num_heads)
+    """
+    X = _split_heads(X, num_heads)  # (batch, num_heads, seq, head_dim)
+    return X.reshape(-1, X.shape[2], X.shape[3])
+
+
+def transpose_output(X: Tensor, num_heads: int) -> Tensor:
+    """Reverse `transpose_qkv`: (batch * num_heads, seq, head_dim) -> (batch, seq, num_hiddens)."""
+    X = X.reshape(-1, num_heads, X.shape[1], X.shape[2])  # (batch, num_heads, seq, head_dim)
+    return _merge_heads(X)
+
+
+# ---------------------------------------------------------------------------------------
+# Attention
+# ---------------------------------------------------------------------------------------
+class DotProductAttention(nn.Module):
+    """Scaled dot-product attention, keeping `attention_weights` as the book does."""
+
+    def __init__(self, dropout: float, **kwargs):
+        super().__init__(**kwargs)
+        self.dropout = nn.Dropout(dropout)
+        self.attention_weights: Optional[Tensor] = None
+
+    def forward(
+        self,
+        queries: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        valid_lens: Optional[Tensor] = None,
+        *,
+        mask: Optional[Tensor] = None,
+    ) -> Tensor:
+        """queries (b, q, d), keys (b, k, d), values (b, k, v) -> (b, q, v).
+
+        `mask` (boolean, broadcastable to (b, q, k), True = may attend) replaces
+        `valid_lens` when the caller already combined its masks.
+        """
+        d = queries.shape[-1]
+        scores = torch.bmm(queries, keys.transpose(1, 2)) / math.sqrt(d)  # (b, q, k)
+        if valid_lens is not None:
+            self.attention_weights = masked_softmax(scores, valid_lens)
+        else:
+            self.attention_weights = _masked_softmax(scores, mask)
+        return torch.bmm(self.dropout(self.attention_weights), values)
+
+
+@dataclass
+class KVCache:
+    """Keys and values of past decoding steps, (batch, num_heads, steps, head_dim) each.
+
+    `static=False` (decoder self-attention): each call appends the new step's keys/values.
+    `static=True` (encoder-decoder attention): the encoder output is projected on the
+    first call and reused on every later call.
+    """
+
+    static: bool = False
+    keys: Optional[Tensor] = None
+    values: Optional[Tensor] = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (e.g. surviving beams) in place."""
+        if self.keys is not None:
+            self.keys = self.keys.index_select(0, index)
+            self.values = self.values.index_select(0, index)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention, the book's PyTorch API plus masks, a fast path and a cache."""
+
+    def __init__(
+        self,
+        key_size: int,
+        query_size: int,
+        value_size: int,
+        num_hiddens: int,
+        num_heads: int,
+        dropout: float,
+        bias: bool = False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if num_heads <= 0 or num_hiddens % num_heads != 0:
+            raise ValueError(
+                f"num_hiddens ({num_hiddens}) must be divisible by num_heads ({num_heads})"
+            )
+        self.num_heads = num_heads
+        self.attention = DotProductAttention(dropout)
+        self.W_q = nn.Linear(query_size, num_hiddens, bias=bias)
+        self.W_k = nn.Linear(key_size, num_hiddens, bias=bias)
+        self.W_v = nn.Linear(value_size, num_hiddens, bias=bias)
+        self.W_o = nn.Linear(num_hiddens, num_hiddens, bias=bias)
+        self.need_weights = False  # default for `forward(need_weights=None)`
+
+    @property
+    def head_attention_weights(self) -> Optional[Tensor]:
+        """The last weights per head, (batch, num_heads, queries, keys), for plotting."""
+        w = self.attention.attention_weights
+        return None if w is None else w.unflatten(0, (-1, self.num_heads))
+
+    def forward(
+        self,
+        queries: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        valid_lens: Optional[Tensor] = None,
+        *,
+        key_padding_mask: Optional[Tensor] = None,
+        causal: bool = False,
+        need_weights: Optional[bool] = None,
+        cache: Optional[KVCache] = None,
+    ) -> Tensor:
+        """queries (batch, q, query_size), keys/values (batch, k, *) -> (batch, q, num_hiddens).
+
+        valid_lens: (batch,) or (batch, q), keys at or beyond it are ignored (the book's API).
+        key_padding_mask: (batch, k) bool, True marks padding; an alternative to valid_lens.
+        causal: query i attends to keys <= i (counting cached keys as the past).
+        need_weights: keep `attention.attention_weights` (batch * num_heads, q, k); runs the
+            explicit path. None means `self.need_weights`.
+        cache: see `KVCache`; with a filled static cache `keys`/`values` are not used.
+        """
+        if need_weights is None:
+            need_weights = self.need_weights
+        q, k, v = self._project(queries, keys, values, cache)  # (batch, heads, len, head_dim)
+        batch_size, _, num_queries, _ = q.shape
+        num_keys = k.shape[2]
+        mask = attention_mask(
+            batch_size, num_queries, num_keys,
+            valid_lens=valid_lens, key_padding_mask=key_padding_mask,
+            causal=causal, device=q.device,
+        )  # (batch or 1, 1, q or 1, k) or None
+        if need_weights:
+            output = self._explicit_attention(q, k, v, mask)
+        else:
+            self.attention.attention_weights = None
+            # Plain causal self-attention: SDPA builds the causal mask inside its kernel.
+            plain_causal = (causal and valid_lens is None and key_padding_mask is None
+                            and num_queries == num_keys)
+            output = self._fused_attention(q, k, v, None if plain_causal else mask, plain_causal)
+        return self.W_o(_merge_heads(output))  # (batch, q, num_hiddens)
+
+    def _project(
+        self, queries: Tensor, keys: Tensor, values: Tensor, cache: Optional[KVCache]
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Project and split heads, using and updating the cache."""
+        h = self.num_heads
+        if cache is not None and cache.static and cache.keys is not None:
+            return _split_heads(self.W_q(queries), h), cache.keys, cache.values
+        if queries is keys and keys is values and self._same_sizes():
+            # Self-attention: one matmul over the concatenated W_q, W_k, W_v weights.
+            qkv = F.linear(queries, self._qkv_weight(), self._qkv_bias())
+            q, k, v = (_split_heads(x, h) for x in qkv.chunk(3, dim=-1))
+        else:
+            q = _split_heads(self.W_q(queries), h)
+            k = _split_heads(self.W_k(keys), h)
+            v = _split_heads(self.W_v(values), h)
+        if cache is not None:
+            if not cache.static and cache.keys is not None:
+                k = torch.cat([cache.keys, k], dim=2)
+                v = torch.cat([cache.values, v], dim=2)
+            cache.keys, cache.values = k, v
+        return q, k, v
+
+    def _same_sizes(self) -> bool:
+        return self.W_q.in_features == self.W_k.in_features == self.W_v.in_features
+
+    def _qkv_weight(self) -> Tensor:
+        return torch.cat([self.W_q.weight, self.W_k.weight, self.W_v.weight])
+
+    def _qkv_bias(self) -> Optional[Tensor]:
+        if self.W_q.bias is None:
+            return None
+        return torch.cat([self.W_q.bias, self.W_k.bias, self.W_v.bias])
+
+    def _explicit_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
+        """The book's path: heads folded into the batch axis, weights kept."""
+        batch_size, h, num_queries, head_dim = q.shape
+        fold = lambda x: x.reshape(batch_size * h, x.shape[2], head_dim)  # noqa: E731
+        if mask is not None:  # (batch, 1, q, k) -> (batch * heads, q, k)
+            mask = mask.expand(batch_size, h, num_queries, k.shape[2]).reshape(
+                batch_size * h, num_queries, k.shape[2])
+        output = self.attention(fold(q), fold(k), fold(v), mask=mask)  # (batch*h, q, head_dim)
+        return output.unflatten(0, (batch_size, h))  # (batch, heads, q, head_dim)
+
+    def _fused_attention(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool
+    ) -> Tensor:
+        """SDPA with the explicit path's semantics, guarding fully masked query rows."""
+        dropout_p = self.attention.dropout.p if self.training else 0.0
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
+        # SDPA returns NaN for a query that may attend to no key: let such a row attend
+        # everywhere, then zero its output (the explicit path gives zero there too).
+        has_key = mask.any(dim=-1, keepdim=True)  # (batch, 1, q or 1, 1)
+        output = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p)
+        return output.masked_fill(~has_key, 0.0)

@@ -1,0 +1,114 @@
+"""The Transformer's layers: AddNorm, PositionWiseFFN, EncoderBlock, DecoderBlock.
+
+Post-norm (`LayerNorm(X + Sublayer(X))`, the paper and the book) is the default; pre-norm
+(`X + Sublayer(LayerNorm(X))`) trains deeper stacks stably and is an option.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from torch import Tensor, nn
+
+from .attention import KVCache, MultiHeadAttention
+
+__all__ = ["PositionWiseFFN", "AddNorm", "EncoderBlock", "DecoderBlock", "LayerCache"]
+
+
+class PositionWiseFFN(nn.Module):
+    """The same two-layer MLP applied at every position: dense2(relu(dense1(X)))."""
+
+    def __init__(self, num_hiddens: int, ffn_num_hiddens: int):
+        super().__init__()
+        self.dense1 = nn.Linear(num_hiddens, ffn_num_hiddens)
+        self.relu = nn.ReLU()
+        self.dense2 = nn.Linear(ffn_num_hiddens, num_hiddens)
+
+    def forward(self, X: Tensor) -> Tensor:
+        return self.dense2(self.relu(self.dense1(X)))
+
+
+class AddNorm(nn.Module):
+    """Residual connection with dropout, then layer normalization (the book's AddNorm)."""
+
+    def __init__(self, num_hiddens: int, dropout: float, norm_first: bool = False):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.ln = nn.LayerNorm(num_hiddens)
+        self.norm_first = norm_first
+
+    def forward(self, X: Tensor, Y: Tensor) -> Tensor:
+        """The book's post-norm form: LayerNorm(X + dropout(Y))."""
+        return self.ln(self.dropout(Y) + X)
+
+    def residual(self, X: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        """Wrap `sublayer` in this residual connection, post-norm or pre-norm."""
+        if self.norm_first:
+            return X + self.dropout(sublayer(self.ln(X)))
+        return self(X, sublayer(X))
+
+
+def _attention(num_hiddens: int, num_heads: int, attention_dropout: float) -> MultiHeadAttention:
+    # Biases on, as in the paper and torch.nn.Transformer (the book's default is off).
+    return MultiHeadAttention(num_hiddens, num_hiddens, num_hiddens, num_hiddens, num_heads,
+                              attention_dropout, bias=True)
+
+
+class EncoderBlock(nn.Module):
+    """Self-attention over the source, then the position-wise FFN."""
+
+    def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
+                 dropout: float, attention_dropout: float = 0.0, norm_first: bool = False):
+        super().__init__()
+        self.attention = _attention(num_hiddens, num_heads, attention_dropout)
+        self.addnorm1 = AddNorm(num_hiddens, dropout, norm_first)
+        self.ffn = PositionWiseFFN(num_hiddens, ffn_num_hiddens)
+        self.addnorm2 = AddNorm(num_hiddens, dropout, norm_first)
+
+    def forward(self, X: Tensor, valid_lens: Optional[Tensor]) -> Tensor:
+        """X (batch, src_len, num_hiddens), valid_lens (batch,) -> same shape as X."""
+        Y = self.addnorm1.residual(X, lambda x: self.attention(x, x, x, valid_lens))
+        return self.addnorm2.residual(Y, self.ffn)
+
+
+@dataclass
+class LayerCache:
+    """One decoder block's cache: its self-attention grows, its cross-attention is fixed."""
+
+    self_attention: KVCache = field(default_factory=KVCache)
+    cross_attention: KVCache = field(default_factory=lambda: KVCache(static=True))
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows in place (beam search keeps the surviving hypotheses)."""
+        self.self_attention.reorder(index)
+        self.cross_attention.reorder(index)
+
+
+class DecoderBlock(nn.Module):
+    """Causal self-attention, encoder-decoder attention, then the position-wise FFN."""
+
+    def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
+                 dropout: float, attention_dropout: float = 0.0, norm_first: bool = False):
+        super().__init__()
+        self.attention1 = _attention(num_hiddens, num_heads, attention_dropout)
+        self.addnorm1 = AddNorm(num_hiddens, dropout, norm_first)
+        self.attention2 = _attention(num_hiddens, num_heads, attention_dropout)
+        self.addnorm2 = AddNorm(num_hiddens, dropout, norm_first)
+        self.ffn = PositionWiseFFN(num_hiddens, ffn_num_hiddens)
+        self.addnorm3 = AddNorm(num_hiddens, dropout, norm_first)
+
+    def forward(self, X: Tensor, enc_outputs: Tensor, enc_valid_lens: Optional[Tensor],
+                cache: Optional[LayerCache] = None) -> Tensor:
+        """X (batch, tgt_len, num_hiddens), enc_outputs (batch, src_len, num_hiddens).
+
+        With `cache`, X holds only the new steps; earlier steps come from the cache.
+        """
+        self_cache = cache.self_attention if cache is not None else None
+        cross_cache = cache.cross_attention if cache is not None else None
+        Y = self.addnorm1.residual(
+            X, lambda x: self.attention1(x, x, x, causal=True, cache=self_cache))
+        Z = self.addnorm2.residual(
+            Y, lambda y: self.attention2(y, enc_outputs, enc_outputs, enc_valid_lens,
+                                         cache=cross_cache))
+        return self.addnorm3.residual(Z, self.ffn)

@@ -1,0 +1,221 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+    src ids -> embedding * sqrt(d) + positions -> EncoderBlock x N -> enc_outputs
+    tgt ids -> embedding * sqrt(d) + positions -> DecoderBlock x N (attending to enc_outputs)
+            -> output projection (tied to the embedding) -> logits
+
+The model is built from a `ModelConfig`, which travels with the weights in checkpoints
+(`config.to_dict()` / `ModelConfig.from_dict`), so a saved model can be rebuilt without the
+training configuration.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from .blocks import DecoderBlock, EncoderBlock, LayerCache
+
+__all__ = ["ModelConfig", "PositionalEncoding", "TransformerEncoder", "TransformerDecoder",
+           "Transformer"]
+
+
+@dataclass
+class ModelConfig:
+    """Hyper-parameters of the Transformer; the defaults are the paper's base model."""
+
+    src_vocab_size: int = 8000
+    tgt_vocab_size: int = 8000
+    num_hiddens: int = 512
+    ffn_num_hiddens: int = 2048
+    num_heads: int = 8
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    dropout: float = 0.1
+    attention_dropout: float = 0.0  # > 0 disables PyTorch's fused attention kernel on CPU
+    norm_first: bool = False  # False: post-norm (paper, book); True: pre-norm
+    share_embeddings: bool = True  # one matrix for source, target and output (joint vocab)
+    tie_output: bool = True  # target embedding == output projection
+    max_positions: int = 1024
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field (`model.<field>`)."""
+        for name in ("src_vocab_size", "tgt_vocab_size", "num_hiddens", "ffn_num_hiddens",
+                     "num_heads", "num_encoder_layers", "num_decoder_layers", "max_positions"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"model.{name} must be in [0, 1), got {value!r}")
+        if self.num_hiddens % self.num_heads != 0:
+            raise ValueError(f"model.num_heads ({self.num_heads}) must divide "
+                             f"model.num_hiddens ({self.num_hiddens})")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(
+                "model.share_embeddings needs one joint vocabulary, but src_vocab_size="
+                f"{self.src_vocab_size} != tgt_vocab_size={self.tgt_vocab_size}")
+        if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
+            raise ValueError(f"model.pad_id must be a valid token id, got {self.pad_id}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        """Rebuild from `to_dict()`; unknown keys are an error, not silently dropped."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown model config keys: {unknown}")
+        return cls(**d)
+
+
+class PositionalEncoding(nn.Module):
+    """Sinusoidal positions added to the embeddings, then dropout (the book's version)."""
+
+    def __init__(self, num_hiddens: int, dropout: float, max_len: int = 1024):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        position = torch.arange(max_len, dtype=torch.float32)[:, None]  # (max_len, 1)
+        div = torch.pow(10000, torch.arange(0, num_hiddens, 2, dtype=torch.float32) / num_hiddens)
+        P = torch.zeros(1, max_len, num_hiddens)
+        P[0, :, 0::2] = torch.sin(position / div)
+        P[0, :, 1::2] = torch.cos(position / div[: num_hiddens // 2])
+        self.register_buffer("P", P, persistent=False)  # derived, so not in the state dict
+
+    def forward(self, X: Tensor, offset: int = 0) -> Tensor:
+        """X (batch, seq, num_hiddens); positions start at `offset` (cached decoding)."""
+        end = offset + X.shape[1]
+        if end > self.P.shape[1]:
+            raise ValueError(f"sequence of {end} positions exceeds model.max_positions="
+                             f"{self.P.shape[1]}")
+        return self.dropout(X + self.P[:, offset:end].to(X.dtype))
+
+
+class TransformerEncoder(nn.Module):
+    """Embedding and positions, then a stack of `EncoderBlock`s."""
+
+    def __init__(self, config: ModelConfig, embedding: nn.Embedding):
+        super().__init__()
+        c = config
+        self.num_hiddens = c.num_hiddens
+        self.embedding = embedding
+        self.pos_encoding = PositionalEncoding(c.num_hiddens, c.dropout, c.max_positions)
+        self.blks = nn.ModuleList(
+            EncoderBlock(c.num_hiddens, c.ffn_num_hiddens, c.num_heads, c.dropout,
+                         c.attention_dropout, c.norm_first)
+            for _ in range(c.num_encoder_layers))
+        # Pre-norm leaves the residual stream unnormalized: normalize it once at the end.
+        self.final_ln = nn.LayerNorm(c.num_hiddens) if c.norm_first else nn.Identity()
+
+    def forward(self, src: Tensor, valid_lens: Optional[Tensor]) -> Tensor:
+        """src (batch, src_len) ids -> (batch, src_len, num_hiddens)."""
+        X = self.pos_encoding(self.embedding(src) * math.sqrt(self.num_hiddens))
+        for blk in self.blks:
+            X = blk(X, valid_lens)
+        return self.final_ln(X)
+
+
+class TransformerDecoder(nn.Module):
+    """Embedding and positions, then a stack of `DecoderBlock`s (no output projection)."""
+
+    def __init__(self, config: ModelConfig, embedding: nn.Embedding):
+        super().__init__()
+        c = config
+        self.num_hiddens = c.num_hiddens
+        self.embedding = embedding
+        self.pos_encoding = PositionalEncoding(c.num_hiddens, c.dropout, c.max_positions)
+        self.blks = nn.ModuleList(
+            DecoderBlock(c.num_hiddens, c.ffn_num_hiddens, c.num_heads, c.dropout,
+                         c.attention_dropout, c.norm_first)
+            for _ in range(c.num_decoder_layers))
+        self.final_ln = nn.LayerNorm(c.num_hiddens) if c.norm_first else nn.Identity()
+
+    def forward(self, tgt: Tensor, enc_outputs: Tensor, enc_valid_lens: Optional[Tensor],
+                cache: Optional[list[LayerCache]] = None) -> Tensor:
+        """tgt (batch, tgt_len) ids -> (batch, tgt_len, num_hiddens).
+
+        With `cache` (one `LayerCache` per block), `tgt` holds only the new steps.
+        """
+        offset = cache[0].self_attention.length if cache is not None else 0
+        X = self.pos_encoding(self.embedding(tgt) * math.sqrt(self.num_hiddens), offset)
+        for i, blk in enumerate(self.blks):
+            X = blk(X, enc_outputs, enc_valid_lens, cache[i] if cache is not None else None)
+        return self.final_ln(X)
+
+
+class Transformer(nn.Module):
+    """The sequence-to-sequence Transformer."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        config.validate()
+        self.config = c = config
+        src_embedding = nn.Embedding(c.src_vocab_size, c.num_hiddens, padding_idx=c.pad_id)
+        tgt_embedding = (src_embedding if c.share_embeddings else
+                         nn.Embedding(c.tgt_vocab_size, c.num_hiddens, padding_idx=c.pad_id))
+        self.encoder = TransformerEncoder(c, src_embedding)
+        self.decoder = TransformerDecoder(c, tgt_embedding)
+        self.output_projection = nn.Linear(c.num_hiddens, c.tgt_vocab_size, bias=False)
+        self.reset_parameters()
+        if c.tie_output:
+            self.output_projection.weight = tgt_embedding.weight
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform linear layers (as the paper's code), N(0, d^-1/2) embeddings."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                # With the sqrt(d) scale the embedded tokens have unit variance.
+                nn.init.normal_(module.weight, std=self.config.num_hiddens ** -0.5)
+                with torch.no_grad():
+                    module.weight[self.config.pad_id].zero_()
+
+    def num_parameters(self) -> int:
+        """Trainable parameters; a matrix shared by several layers counts once."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def forward(self, src: Tensor, src_valid_lens: Tensor, tgt_in: Tensor, *,
+                output_mask: Optional[Tensor] = None) -> Tensor:
+        """src (batch, src_len), src_valid_lens (batch,), tgt_in (batch, tgt_len) -> logits.
+
+        Logits are (batch, tgt_len, tgt_vocab_size); with `output_mask` (batch, tgt_len) bool
+        they are (num_true, tgt_vocab_size) for the selected positions only, which saves the
+        output projection's work on padding during training.
+        """
+        enc_outputs = self.encode(src, src_valid_lens)
+        hidden = self.decoder(tgt_in, enc_outputs, src_valid_lens)  # (batch, tgt_len, d)
+        if output_mask is not None:
+            hidden = hidden[output_mask]  # (num_true, d)
+        return self.output_projection(hidden)
+
+    def encode(self, src: Tensor, src_valid_lens: Tensor) -> Tensor:
+        """(batch, src_len) ids -> encoder outputs (batch, src_len, num_hiddens)."""
+        return self.encoder(src, src_valid_lens)
+
+    def new_cache(self) -> list[LayerCache]:
+        """An empty key/value cache for `decode_step`, one entry per decoder block."""
+        return [LayerCache() for _ in self.decoder.blks]
+
+    def decode_step(self, tokens: Tensor, enc_outputs: Tensor, src_valid_lens: Tensor,
+                    cache: list[LayerCache]) -> Tensor:
+        """Feed the newest target tokens (batch, steps) -> logits (batch, steps, vocab).
+
+        Earlier steps come from `cache`, which this call extends; encoder keys/values are
+        projected on the first call only.
+        """
+        hidden = self.decoder(tokens, enc_outputs, src_valid_lens, cache)
+        return self.output_projection(hidden)

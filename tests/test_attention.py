@@ -1,0 +1,223 @@
+"""Multi-head attention against the book's formulas and torch.nn.MultiheadAttention."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from transformer.attention import (KVCache, MultiHeadAttention, masked_softmax, transpose_output,
+                                   transpose_qkv)
+
+
+def book_example():
+    num_hiddens, num_heads = 100, 5
+    attention = MultiHeadAttention(num_hiddens, num_hiddens, num_hiddens, num_hiddens,
+                                   num_heads, 0.5)
+    attention.eval()
+    batch_size, num_queries, num_kvpairs = 2, 4, 6
+    valid_lens = torch.tensor([3, 2])
+    X = torch.ones((batch_size, num_queries, num_hiddens))
+    Y = torch.ones((batch_size, num_kvpairs, num_hiddens))
+    return attention, X, Y, valid_lens
+
+
+def test_book_example_shape_and_weights():
+    torch.manual_seed(0)
+    attention, X, Y, valid_lens = book_example()
+    assert attention(X, Y, Y, valid_lens).shape == (2, 4, 100)
+    out = attention(X, Y, Y, valid_lens, need_weights=True)
+    assert out.shape == (2, 4, 100)
+    assert attention.attention.attention_weights.shape == (2 * 5, 4, 6)
+    w = attention.head_attention_weights  # (batch, heads, queries, keys)
+    assert w.shape == (2, 5, 4, 6)
+    for b, n in enumerate(valid_lens.tolist()):
+        assert torch.all(w[b, :, :, n:] == 0)
+        assert torch.all(w[b, :, :, :n] > 0)
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 5, 4))
+
+
+def test_masked_softmax_matches_book():
+    torch.manual_seed(0)
+    X = torch.rand(2, 2, 4)
+    out = masked_softmax(X, torch.tensor([2, 3]))
+    expected = torch.zeros_like(X)
+    expected[0, :, :2] = torch.softmax(X[0, :, :2], -1)
+    expected[1, :, :3] = torch.softmax(X[1, :, :3], -1)
+    torch.testing.assert_close(out, expected)
+    out2 = masked_softmax(X, torch.tensor([[1, 3], [2, 4]]))  # one length per query
+    torch.testing.assert_close(out2[0, 0, :1], torch.ones(1))
+    assert torch.all(out2[0, 0, 1:] == 0) and torch.all(out2[1, 0, 2:] == 0)
+    torch.testing.assert_close(out2[1, 1], torch.softmax(X[1, 1], -1))
+    torch.testing.assert_close(masked_softmax(X, None), torch.softmax(X, -1))
+
+
+def test_masked_softmax_empty_row_is_zero_not_nan():
+    out = masked_softmax(torch.randn(2, 3, 4), torch.tensor([0, 2]))
+    assert not torch.isnan(out).any()
+    assert torch.all(out[0] == 0)
+    torch.testing.assert_close(out[1].sum(-1), torch.ones(3))
+    half = masked_softmax(torch.randn(2, 3, 4).half(), torch.tensor([0, 2]))
+    assert not torch.isnan(half).any() and torch.all(half[0] == 0)
+
+
+def test_transpose_roundtrip_and_layout():
+    X = torch.randn(3, 7, 12)
+    Z = transpose_qkv(X, 4)
+    assert Z.shape == (12, 7, 3)
+    # Row b * num_heads + h holds head h of example b: columns h*3:(h+1)*3.
+    torch.testing.assert_close(Z[1 * 4 + 2], X[1, :, 6:9])
+    torch.testing.assert_close(transpose_output(Z, 4), X)
+
+
+def test_heads_must_divide_hiddens():
+    with pytest.raises(ValueError, match=r"num_hiddens \(10\).*num_heads \(3\)"):
+        MultiHeadAttention(10, 10, 10, 10, 3, 0.0)
+
+
+def copy_to_torch_mha(ours: MultiHeadAttention, bias: bool) -> nn.MultiheadAttention:
+    d = ours.W_q.out_features
+    ref = nn.MultiheadAttention(d, ours.num_heads, dropout=0.0, bias=bias, batch_first=True)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([ours.W_q.weight, ours.W_k.weight, ours.W_v.weight]))
+        ref.out_proj.weight.copy_(ours.W_o.weight)
+        if bias:
+            ref.in_proj_bias.copy_(torch.cat([ours.W_q.bias, ours.W_k.bias, ours.W_v.bias]))
+            ref.out_proj.bias.copy_(ours.W_o.bias)
+    return ref
+
+
+def run_with_grads(fn, *inputs):
+    inputs = [x.detach().clone().requires_grad_(True) for x in inputs]
+    out = fn(*inputs)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    (out * g).sum().backward()
+    return out.detach(), [x.grad for x in inputs]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("kind", ["none", "padding", "causal", "causal+padding"])
+def test_equals_torch_multihead_attention(bias, need_weights, kind):
+    torch.manual_seed(0)
+    d, h, B, T = 32, 4, 3, 7
+    ours = MultiHeadAttention(d, d, d, d, h, 0.0, bias=bias).eval()
+    if bias:  # make the biases non-trivial
+        for lin in (ours.W_q, ours.W_k, ours.W_v, ours.W_o):
+            nn.init.normal_(lin.bias)
+    ref = copy_to_torch_mha(ours, bias).eval()
+    valid_lens = torch.tensor([7, 3, 5])
+    pad = torch.arange(T)[None, :] >= valid_lens[:, None]  # True = padding
+    causal_block = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)  # True = not allowed
+    use_pad, use_causal = "padding" in kind, "causal" in kind
+
+    def ours_fn(q, k, v):
+        return ours(q, k, v, valid_lens if use_pad else None, causal=use_causal,
+                    need_weights=need_weights)
+
+    def ref_fn(q, k, v):
+        return ref(q, k, v, key_padding_mask=pad if use_pad else None,
+                   attn_mask=causal_block if use_causal else None, need_weights=False)[0]
+
+    q, k, v = torch.randn(B, T, d), torch.randn(B, T, d), torch.randn(B, T, d)
+    out1, grads1 = run_with_grads(ours_fn, q, k, v)
+    out2, grads2 = run_with_grads(ref_fn, q, k, v)
+    torch.testing.assert_close(out1, out2, atol=1e-5, rtol=1e-5)
+    for g1, g2 in zip(grads1, grads2):
+        torch.testing.assert_close(g1, g2, atol=1e-5, rtol=1e-5)
+
+
+def test_self_attention_equals_torch_with_padding_mask_argument():
+    """Self-attention (the fused QKV matmul) with a boolean key_padding_mask."""
+    torch.manual_seed(0)
+    d, h = 16, 2
+    ours = MultiHeadAttention(d, d, d, d, h, 0.0, bias=True).eval()
+    ref = copy_to_torch_mha(ours, True).eval()
+    X = torch.randn(2, 5, d)
+    pad = torch.tensor([[False] * 5, [False, False, True, True, True]])
+    out1, (g1,) = run_with_grads(lambda x: ours(x, x, x, key_padding_mask=pad), X)
+    out2, (g2,) = run_with_grads(lambda x: ref(x, x, x, key_padding_mask=pad)[0], X)
+    torch.testing.assert_close(out1, out2, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(g1, g2, atol=1e-5, rtol=1e-5)
+
+
+MASK_KINDS = {
+    "none": {},
+    "valid_lens_1d": {"valid_lens": torch.tensor([6, 2, 4])},
+    "valid_lens_2d": {"valid_lens": torch.tensor([[1, 2, 3, 4, 5, 6], [6] * 6, [2, 2, 3, 0, 4, 5]])},
+    "valid_lens_zero": {"valid_lens": torch.tensor([0, 3, 6])},
+    "key_padding_mask": {"key_padding_mask": torch.arange(6)[None, :] >= torch.tensor([[6], [1], [3]])},
+    "causal": {"causal": True},
+    "causal+valid_lens": {"causal": True, "valid_lens": torch.tensor([6, 2, 4])},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MASK_KINDS))
+@pytest.mark.parametrize("self_attention", [False, True])
+def test_fused_path_equals_explicit_path(kind, self_attention):
+    torch.manual_seed(0)
+    d, h, B = 24, 3, 3
+    K = 6
+    Q = K if self_attention or kind in ("causal", "causal+valid_lens", "valid_lens_2d") else 5
+    mha = MultiHeadAttention(d, d, d, d, h, 0.0, bias=True).eval()
+    kwargs = MASK_KINDS[kind]
+    if self_attention:
+        fn = lambda x, y: mha(x, x, x, **kwargs, need_weights=need)  # noqa: E731
+    else:
+        fn = lambda x, y: mha(x, y, y, **kwargs, need_weights=need)  # noqa: E731
+    q, kv = torch.randn(B, Q, d), torch.randn(B, K, d)
+    need = True
+    out_explicit, grads_explicit = run_with_grads(fn, q, kv)
+    need = False
+    out_fused, grads_fused = run_with_grads(fn, q, kv)
+    assert not torch.isnan(out_fused).any()
+    torch.testing.assert_close(out_fused, out_explicit, atol=1e-5, rtol=1e-5)
+    for g1, g2 in zip(grads_fused, grads_explicit):
+        torch.testing.assert_close(g1, g2, atol=1e-5, rtol=1e-5)
+    if kind == "valid_lens_zero":  # a query with no key to attend to: output is W_o's bias
+        torch.testing.assert_close(out_fused[0], mha.W_o.bias.expand(Q, d).detach())
+
+
+def test_dropout_only_in_training():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 16, 16, 16, 2, 0.5)
+    X = torch.randn(2, 5, 16)
+    mha.eval()
+    torch.testing.assert_close(mha(X, X, X), mha(X, X, X))
+    mha.train()
+    assert not torch.allclose(mha(X, X, X), mha(X, X, X))
+
+
+def test_kv_cache_self_and_cross_attention_equal_full():
+    torch.manual_seed(0)
+    d, h, B, T, S = 16, 4, 2, 6, 5
+    self_attn = MultiHeadAttention(d, d, d, d, h, 0.0, bias=True).eval()
+    cross_attn = MultiHeadAttention(d, d, d, d, h, 0.0, bias=True).eval()
+    X, memory = torch.randn(B, T, d), torch.randn(B, S, d)
+    src_lens = torch.tensor([5, 3])
+    full_self = self_attn(X, X, X, causal=True)
+    full_cross = cross_attn(X, memory, memory, src_lens)
+    self_cache, cross_cache = KVCache(), KVCache(static=True)
+    steps_self, steps_cross = [], []
+    for t in range(T):
+        x = X[:, t:t + 1]
+        steps_self.append(self_attn(x, x, x, causal=True, cache=self_cache))
+        steps_cross.append(cross_attn(x, memory, memory, src_lens, cache=cross_cache))
+    assert self_cache.length == T and cross_cache.length == S
+    torch.testing.assert_close(torch.cat(steps_self, 1), full_self, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat(steps_cross, 1), full_cross, atol=1e-5, rtol=1e-5)
+    # Several new steps at once on top of a cache: causal offsets count the cached past.
+    cache = KVCache()
+    first = self_attn(X[:, :2], X[:, :2], X[:, :2], causal=True, cache=cache)
+    rest = self_attn(X[:, 2:], X[:, 2:], X[:, 2:], causal=True, cache=cache)
+    torch.testing.assert_close(torch.cat([first, rest], 1), full_self, atol=1e-5, rtol=1e-5)
+
+
+def test_scaled_dot_product_formula():
+    """One head, no projections: softmax(QK^T / sqrt(d)) V written out by hand."""
+    torch.manual_seed(0)
+    from transformer.attention import DotProductAttention
+    att = DotProductAttention(0.0)
+    Q, K, V = torch.randn(2, 3, 8), torch.randn(2, 5, 8), torch.randn(2, 5, 4)
+    expected = torch.softmax(Q @ K.transpose(1, 2) / math.sqrt(8), -1) @ V
+    torch.testing.assert_close(att(Q, K, V), expected)

@@ -1,0 +1,205 @@
+"""The Transformer: causality, padding invariance, cached decoding, learning a task."""
+
+import pytest
+import torch
+from torch import nn
+
+from transformer.blocks import AddNorm, DecoderBlock, EncoderBlock, PositionWiseFFN
+from transformer.model import ModelConfig, PositionalEncoding, Transformer
+
+PAD, BOS, EOS = 0, 2, 3
+
+
+def small_config(**overrides) -> ModelConfig:
+    kw = dict(src_vocab_size=30, tgt_vocab_size=30, num_hiddens=32, ffn_num_hiddens=64,
+              num_heads=4, num_encoder_layers=2, num_decoder_layers=2, dropout=0.1)
+    kw.update(overrides)
+    return ModelConfig(**kw)
+
+
+def random_batch(B=3, S=7, T=6, vocab=30, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, vocab, (B, S), generator=g)
+    tgt = torch.randint(4, vocab, (B, T), generator=g)
+    src_lens = torch.tensor([S] + [max(1, S - 2 - i) for i in range(B - 1)])
+    src = src.masked_fill(torch.arange(S)[None] >= src_lens[:, None], PAD)
+    return src, src_lens, tgt
+
+
+@pytest.fixture(params=[False, True], ids=["post-norm", "pre-norm"])
+def model(request):
+    torch.manual_seed(0)
+    return Transformer(small_config(norm_first=request.param)).eval()
+
+
+def test_blocks_shapes_like_the_book():
+    X = torch.ones(2, 100, 24)
+    assert PositionWiseFFN(24, 48)(X).shape == (2, 100, 24)
+    add_norm = AddNorm(24, 0.5).eval()
+    torch.testing.assert_close(add_norm(X, X), nn.functional.layer_norm(2 * X, (24,)))
+    enc = EncoderBlock(24, 48, 8, 0.5).eval()
+    Y = enc(X, torch.tensor([3, 2]))
+    assert Y.shape == (2, 100, 24)
+    dec = DecoderBlock(24, 48, 8, 0.5).eval()
+    assert dec(X, Y, torch.tensor([3, 2])).shape == (2, 100, 24)
+
+
+def test_positional_encoding_formula():
+    pe = PositionalEncoding(16, 0.0, max_len=50)
+    P = pe(torch.zeros(1, 50, 16))[0]
+    i, j = 7, 3  # P[i, 2j] = sin(i / 10000^(2j/d)), P[i, 2j+1] = cos(...)
+    angle = torch.tensor(i / 10000 ** (2 * j / 16))
+    torch.testing.assert_close(P[i, 2 * j], torch.sin(angle))
+    torch.testing.assert_close(P[i, 2 * j + 1], torch.cos(angle))
+    torch.testing.assert_close(pe(torch.zeros(1, 2, 16), offset=7)[0, 0], P[7])
+    with pytest.raises(ValueError, match="max_positions=50"):
+        pe(torch.zeros(1, 51, 16))
+
+
+def test_forward_shapes_and_output_mask(model):
+    src, src_lens, tgt = random_batch()
+    logits = model(src, src_lens, tgt)
+    assert logits.shape == (3, 6, 30)
+    keep = torch.rand(3, 6) > 0.5
+    torch.testing.assert_close(model(src, src_lens, tgt, output_mask=keep), logits[keep])
+
+
+def test_causality(model):
+    """Changing target tokens after position t leaves outputs at <= t unchanged."""
+    src, src_lens, tgt = random_batch()
+    base = model(src, src_lens, tgt)
+    for t in range(tgt.shape[1] - 1):
+        changed = tgt.clone()
+        changed[:, t + 1:] = torch.randint(4, 30, changed[:, t + 1:].shape)
+        out = model(src, src_lens, changed)
+        torch.testing.assert_close(out[:, :t + 1], base[:, :t + 1], atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(out[:, t + 1:], base[:, t + 1:])
+
+
+def test_padding_invariance(model):
+    """Appending padding to a sentence changes neither its encoder nor decoder outputs."""
+    src, src_lens, tgt = random_batch(B=1, S=5, T=4)
+    src_padded = torch.cat([src, torch.full((1, 6), PAD)], 1)
+    tgt_padded = torch.cat([tgt, torch.full((1, 3), PAD)], 1)
+    enc = model.encode(src, src_lens)
+    enc_padded = model.encode(src_padded, src_lens)
+    torch.testing.assert_close(enc_padded[:, :5], enc, atol=1e-5, rtol=1e-5)
+    out = model(src, src_lens, tgt)
+    out_padded = model(src_padded, src_lens, tgt_padded)
+    torch.testing.assert_close(out_padded[:, :4], out, atol=1e-5, rtol=1e-5)
+    # The same sentence batched with a longer one gives the same outputs.
+    other = torch.randint(4, 30, (1, 11))
+    batch_src = torch.cat([src_padded, other])
+    batch_tgt = torch.cat([tgt_padded, torch.randint(4, 30, (1, 7))])
+    out_batched = model(batch_src, torch.tensor([5, 11]), batch_tgt)
+    torch.testing.assert_close(out_batched[:1, :4], out, atol=1e-5, rtol=1e-5)
+
+
+def test_cached_decoding_equals_full_forward(model):
+    src, src_lens, tgt = random_batch(B=4, S=9, T=8)
+    full = model(src, src_lens, tgt)
+    enc = model.encode(src, src_lens)
+    cache = model.new_cache()
+    steps = [model.decode_step(tgt[:, t:t + 1], enc, src_lens, cache) for t in range(8)]
+    assert (torch.cat(steps, 1) - full).abs().max() <= 1e-5
+    assert cache[0].self_attention.length == 8 and cache[0].cross_attention.length == 9
+    # Reordering the cache (as beam search does) reorders the following step's outputs.
+    index = torch.tensor([2, 0, 3, 1])
+    for layer in cache:
+        layer.reorder(index)
+    nxt = torch.randint(4, 30, (4, 1))
+    ref_cache = model.new_cache()
+    ref_src, ref_lens = src[index], src_lens[index]
+    ref_enc = model.encode(ref_src, ref_lens)
+    model.decode_step(tgt[index], ref_enc, ref_lens, ref_cache)
+    torch.testing.assert_close(model.decode_step(nxt, enc[index], src_lens[index], cache),
+                               model.decode_step(nxt, ref_enc, ref_lens, ref_cache),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_shared_embeddings_and_parameter_count():
+    shared = Transformer(small_config())
+    assert shared.encoder.embedding.weight is shared.decoder.embedding.weight
+    assert shared.output_projection.weight is shared.decoder.embedding.weight
+    separate = Transformer(small_config(share_embeddings=False, tie_output=False))
+    assert separate.num_parameters() == shared.num_parameters() + 2 * 30 * 32
+    assert shared.num_parameters() == sum(
+        p.numel() for p in {id(p): p for p in shared.state_dict().values()}.values()
+        if p.dtype.is_floating_point) - 2 * 30 * 32  # state dict repeats the tied matrix
+
+
+def test_rebuild_from_config_dict():
+    torch.manual_seed(0)
+    model = Transformer(small_config()).eval()
+    clone = Transformer(ModelConfig.from_dict(model.config.to_dict())).eval()
+    clone.load_state_dict(model.state_dict())
+    src, src_lens, tgt = random_batch()
+    torch.testing.assert_close(clone(src, src_lens, tgt), model(src, src_lens, tgt))
+    with pytest.raises(ValueError, match="unknown model config keys.*colour"):
+        ModelConfig.from_dict({**model.config.to_dict(), "colour": "red"})
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ({"num_heads": 5}, "model.num_heads"),
+    ({"num_hiddens": -8}, "model.num_hiddens"),
+    ({"dropout": 1.5}, "model.dropout"),
+    ({"tgt_vocab_size": 40}, "model.share_embeddings"),
+    ({"num_encoder_layers": 0}, "model.num_encoder_layers"),
+])
+def test_bad_config_names_the_key(overrides, key):
+    with pytest.raises(ValueError, match=key):
+        small_config(**overrides)
+
+
+def greedy_decode(model, src, src_lens, max_len):
+    enc = model.encode(src, src_lens)
+    cache = model.new_cache()
+    tokens = torch.full((src.shape[0], 1), BOS)
+    out = []
+    for _ in range(max_len):
+        tokens = model.decode_step(tokens, enc, src_lens, cache)[:, -1].argmax(-1, keepdim=True)
+        out.append(tokens)
+    return torch.cat(out, 1)
+
+
+def copy_batch(B, g, vocab=20):
+    """Random sequences of lengths 5-20 over tokens 4..vocab-1, as (src + EOS, padded)."""
+    lens = torch.randint(5, 21, (B,), generator=g)
+    seq = torch.randint(4, vocab, (B, 20), generator=g)
+    seq = seq.masked_fill(torch.arange(20)[None] >= lens[:, None], PAD)
+    src = torch.cat([seq, torch.full((B, 1), PAD)], 1)
+    src[torch.arange(B), lens] = EOS
+    return src, lens + 1
+
+
+def test_learns_copy_task():
+    """A small model from scratch copies fresh random sequences with >= 95% token accuracy."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    vocab = 20
+    model = Transformer(ModelConfig(
+        src_vocab_size=vocab, tgt_vocab_size=vocab, num_hiddens=64, ffn_num_hiddens=128,
+        num_heads=4, num_encoder_layers=2, num_decoder_layers=2, dropout=0.0))
+    opt = torch.optim.Adam(model.parameters(), lr=5e-3, betas=(0.9, 0.98))
+    warmup = 200  # linear warmup, then inverse square root decay
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warmup, (warmup / (s + 1)) ** 0.5))
+    loss_fn = nn.CrossEntropyLoss(ignore_index=PAD)
+    model.train()
+    for _ in range(500):
+        src, src_lens = copy_batch(64, g, vocab)
+        tgt_in = torch.cat([torch.full((64, 1), BOS), src[:, :-1]], 1)  # BOS + sequence
+        tgt_out = src  # sequence + EOS
+        loss = loss_fn(model(src, src_lens, tgt_in).flatten(0, 1), tgt_out.flatten())
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    model.eval()
+    src, src_lens = copy_batch(200, torch.Generator().manual_seed(123), vocab)
+    with torch.no_grad():
+        pred = greedy_decode(model, src, src_lens, src.shape[1])
+    real = src != PAD  # every real target token, EOS included
+    accuracy = (pred == src)[real].float().mean().item()
+    assert accuracy >= 0.95, f"copy-task token accuracy {accuracy:.3f} < 0.95"
