@@ -23,6 +23,7 @@ import time
 import torch
 from torch import nn
 
+from memory import reset_peak_rss, status_mib  # bench/memory.py
 from transformer.attention import MultiHeadAttention
 
 SHAPES = {"short": (64, 32, 256, 4), "long": (4, 1024, 512, 8)}  # batch, len, hiddens, heads
@@ -134,22 +135,12 @@ def time_rows(shape, repeats: int) -> dict[str, float]:
     return {kind: statistics.median(t) for kind, t in times.items()}
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def peak_memory_child(kind: str) -> None:
     """Run in a subprocess: peak RSS growth (MiB) of one forward+backward at the long shape."""
     step = make_step(kind, SHAPES["long"])
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset the peak RSS (VmHWM) to the current RSS (Linux)
-    before = _status_kib("VmRSS")
+    before = reset_peak_rss()
     step()
-    print(json.dumps({"peak_mib": (_status_kib("VmHWM") - before) / 1024}))
+    print(json.dumps({"peak_mib": status_mib("VmHWM") - before}))
 
 
 def peak_memory(kind: str) -> float:

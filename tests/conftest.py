@@ -47,3 +47,15 @@ def multi30k_tokenizer(multi30k_tokenizer_path):
     from transformer.tokenizer import Tokenizer
 
     return Tokenizer.load(multi30k_tokenizer_path)
+
+
+@pytest.fixture
+def one_thread():
+    """Run a test on one torch thread: its matrices are tiny, so one thread is as fast, and
+    immune to OpenMP threads spinning while another process holds a core."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

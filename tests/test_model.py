@@ -203,3 +203,13 @@ def test_learns_copy_task():
     real = src != PAD  # every real target token, EOS included
     accuracy = (pred == src)[real].float().mean().item()
     assert accuracy >= 0.95, f"copy-task token accuracy {accuracy:.3f} < 0.95"
+
+
+def test_bf16_autocast_forward_matches_float32(model):
+    """The mixed-precision path (as on GPU) gives finite logits close to float32."""
+    src, src_lens, tgt = random_batch(B=4, S=9, T=8)
+    full = model(src, src_lens, tgt)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half = model(src, src_lens, tgt)
+    assert half.dtype == torch.bfloat16 and torch.isfinite(half).all()
+    torch.testing.assert_close(half.float(), full, atol=0.1, rtol=0.05)

@@ -102,6 +102,7 @@ class DataConfig:
     max_len: int = 256
     max_tokens: int = 4096
     seed: int = 1
+    max_train_pairs: Optional[int] = None  # use only the first N training pairs (smoke runs)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -112,6 +113,14 @@ class DataConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"data.{key} must be a positive integer, got {value!r}")
+        if self.max_train_pairs is not None and (
+            isinstance(self.max_train_pairs, bool) or not isinstance(self.max_train_pairs, int)
+            or self.max_train_pairs <= 0
+        ):
+            raise ValueError(
+                f"data.max_train_pairs must be a positive integer or null, "
+                f"got {self.max_train_pairs!r}"
+            )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"data.seed must be an integer, got {self.seed!r}")
         if self.max_tokens < self.max_len:
@@ -747,6 +756,13 @@ class Data:
         )
 
 
+def _first_pairs(text: ParallelText, n: Optional[int]) -> ParallelText:
+    """The first `n` pairs of `text` (all of them for None)."""
+    if n is None or n >= len(text):
+        return text
+    return ParallelText(text.src[:n], text.tgt[:n], text.lines[:n])
+
+
 def load_data(
     cfg: DataConfig,
     run_dir: PathLike,
@@ -767,9 +783,13 @@ def load_data(
         tokenizers = existing_tokenizers(cfg, run_dir)
     if tokenizers is None:
         train_text = read_parallel(files["train"].src, files["train"].tgt, split="train")
-        tokenizers = train_tokenizers(cfg, train_text, run_dir)
+        tokenizers = train_tokenizers(cfg, _first_pairs(train_text, cfg.max_train_pairs), run_dir)
     cache_dir = run_dir / "cache" if cache_dir is None else Path(cache_dir)
     train = load_corpus(files["train"], "train", tokenizers, cache_dir, text=train_text)
+    if cfg.max_train_pairs is not None and cfg.max_train_pairs < len(train):
+        # The cache holds the whole split; the subset is taken here.
+        train = train.select(torch.arange(len(train)) < cfg.max_train_pairs)
+        log.info("train: using the first %d pairs (data.max_train_pairs)", len(train))
     splits = {
         split: load_corpus(files[split], split, tokenizers, cache_dir, keep_text=True)
         for split in ("valid", "test")

@@ -1,0 +1,187 @@
+"""Benchmark: training speed and peak memory of our Transformer vs. torch.nn.Transformer.
+
+Both models have the same dimensions (model presets `tiny` and `small`), the same tied
+embedding x sqrt(d) + sinusoidal positions, the same dropout on residuals/FFN and none on the
+attention weights, the same label-smoothed loss, the same fused Adam and the same real
+Multi30k batches (max_tokens 4096, vocab 8000), stepped alternately in one run so machine
+noise hits both alike. CPU, float32.
+
+  ours  transformer.model.Transformer; the output projection runs on non-pad positions only
+        (output_mask), attention through SDPA with fused QKV where it applies
+  ref   torch.nn.Transformer(batch_first=True) with padding masks and a causal mask, output
+        projection over all positions (as a typical nn.Transformer user writes it), loss with
+        ignore_index=pad
+
+Peak RSS: each model trains a few steps in its own subprocess (whole-process VmHWM).
+
+    python bench/train_speed.py [--steps 10] [--sizes tiny small] [--compile] [--all-positions]
+
+On a shared machine, OpenMP's spin-waiting threads slow everything down by up to 10x when
+another process holds a core; OMP_WAIT_POLICY=PASSIVE keeps absolute numbers meaningful
+(the ratio is measured alternately either way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from memory import status_mib  # bench/memory.py
+from transformer.config import compose_config
+from transformer.data import Batch, Data, DataConfig, load_data
+from transformer.model import ModelConfig, PositionalEncoding, Transformer
+from transformer.tokenizer import PAD_ID
+
+REPO = Path(__file__).resolve().parents[1]
+MULTI30K = REPO.parent / "shared/data/multi30k"
+DATA_DIR = Path(tempfile.gettempdir()) / "transformer-bench-train-speed"  # spm + cache, reused
+
+
+class ReferenceModel(nn.Module):
+    """torch.nn.Transformer with the same embeddings, positions and tied output projection."""
+
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.d = c.num_hiddens
+        self.embedding = nn.Embedding(c.src_vocab_size, c.num_hiddens, padding_idx=PAD_ID)
+        nn.init.normal_(self.embedding.weight, std=c.num_hiddens ** -0.5)
+        self.pos = PositionalEncoding(c.num_hiddens, c.dropout, c.max_positions)
+        self.transformer = nn.Transformer(
+            c.num_hiddens, c.num_heads, c.num_encoder_layers, c.num_decoder_layers,
+            c.ffn_num_hiddens, c.dropout, batch_first=True)
+        for module in self.transformer.modules():  # no attention-weight dropout, as ours
+            if isinstance(module, nn.MultiheadAttention):
+                module.dropout = 0.0
+
+    def forward(self, src: Tensor, src_valid_lens: Tensor, tgt_in: Tensor) -> Tensor:
+        src_pad, tgt_pad = src == PAD_ID, tgt_in == PAD_ID
+        T = tgt_in.shape[1]
+        causal = torch.ones(T, T, dtype=torch.bool, device=tgt_in.device).triu(1)  # True: masked
+        hidden = self.transformer(
+            self.pos(self.embedding(src) * math.sqrt(self.d)),
+            self.pos(self.embedding(tgt_in) * math.sqrt(self.d)),
+            tgt_mask=causal, src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad,
+            memory_key_padding_mask=src_pad, tgt_is_causal=True)
+        return hidden @ self.embedding.weight.T  # (batch, tgt_len, vocab): all positions
+
+
+def load_bench_data() -> Data:
+    cfg = DataConfig(root=str(MULTI30K), vocab_size=8000, max_tokens=4096)
+    return load_data(cfg, DATA_DIR)
+
+
+def build(kind: str, size: str, vocab: int, compile_model: bool) -> tuple[nn.Module, Callable]:
+    """(model, step(batch) -> None) for one contender; step = forward, loss, backward, Adam."""
+    settings = compose_config([f"model={size}"]).model
+    config = settings.to_model_config(vocab, vocab, share_embeddings=True)
+    torch.manual_seed(0)
+    model = ReferenceModel(config) if kind == "ref" else Transformer(config)
+    model.train()
+    run = torch.compile(model, dynamic=True) if compile_model else model
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=True)
+    criterion = nn.CrossEntropyLoss(ignore_index=PAD_ID, reduction="sum", label_smoothing=0.1)
+
+    def step(b: Batch) -> None:
+        if kind == "ours":
+            mask = b.tgt_out != PAD_ID
+            loss = criterion(run(b.src, b.src_valid_lens, b.tgt_in, output_mask=mask),
+                             b.tgt_out[mask])
+        else:  # ref, or ours_all: the projection over all positions, padding included
+            logits = run(b.src, b.src_valid_lens, b.tgt_in)
+            loss = criterion(logits.flatten(0, 1), b.tgt_out.flatten())
+        (loss / b.num_tgt_tokens).backward()
+        nn.utils.clip_grad_norm_(model.parameters(), math.inf)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return model, step
+
+
+def peak_rss_child(kind: str, size: str, steps: int) -> None:
+    """In a subprocess: the process's peak RSS (MiB) after `steps` training steps."""
+    data = load_bench_data()
+    batches = [data.train.collate(i) for i in data.train_batches(1)[:steps]]
+    _, step = build(kind, size, data.tokenizers.src.vocab_size, False)
+    for b in batches:
+        step(b)
+    print(json.dumps({"peak_mib": status_mib("VmHWM")}))
+
+
+def peak_rss(kind: str, size: str, steps: int) -> float:
+    out = subprocess.run([sys.executable, __file__, "--child", kind, "--sizes", size,
+                          "--steps", str(steps)], check=True, capture_output=True,
+                         text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["peak_mib"]
+
+
+def time_size(size: str, data: Data, steps: int, warmup: int, compile_model: bool,
+              kinds: tuple[str, ...] = ("ours", "ref")) -> dict:
+    """Alternate the contenders over the same batches; seconds and tokens per contender."""
+    batches = [data.train.collate(i) for i in data.train_batches(1)[: warmup + steps]]
+    vocab = data.tokenizers.src.vocab_size
+    steppers = {kind: build(kind, size, vocab, compile_model)[1] for kind in kinds}
+    seconds = {kind: 0.0 for kind in steppers}
+    for i, batch in enumerate(batches):
+        for kind, step in steppers.items():
+            start = time.perf_counter()
+            step(batch)
+            if i >= warmup:
+                seconds[kind] += time.perf_counter() - start
+    tokens = sum(b.num_tgt_tokens for b in batches[warmup:])
+    return {"seconds": seconds, "tokens": tokens, "steps": steps,
+            "padding": 1 - tokens / sum(b.tgt_out.numel() for b in batches[warmup:])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per model and size")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "small"])
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile both models (slow first steps: raise --warmup)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak RSS runs")
+    parser.add_argument("--all-positions", action="store_true",
+                        help="also time ours with the projection over all positions")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        peak_rss_child(args.child, args.sizes[0], args.steps)
+        return
+
+    data = load_bench_data()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32 CPU, "
+          f"Multi30k en-de batches (max_tokens 4096, vocab 8000), {args.steps} steps per "
+          f"model after {args.warmup} warm-up{', torch.compile' if args.compile else ''}")
+    print("ref = torch.nn.Transformer, output projection over all positions; "
+          "ours = projection on non-pad positions only")
+    header = (f"{'model':<7}{'ours upd/s':>11}{'ref upd/s':>10}{'ours tok/s':>11}"
+              f"{'ref tok/s':>10}{'ours/ref':>9}{'ours MiB':>9}{'ref MiB':>8}")
+    rows = []
+    for size in args.sizes:
+        kinds = ("ours", "ref") + (("ours_all",) if args.all_positions else ())
+        r = time_size(size, data, args.steps, args.warmup, args.compile, kinds)
+        mem = ({} if args.no_memory else
+               {kind: peak_rss(kind, size, min(args.steps, 3)) for kind in ("ours", "ref")})
+        s, n = r["seconds"], r["tokens"]
+        rows.append(f"{size:<7}{r['steps'] / s['ours']:>11.2f}{r['steps'] / s['ref']:>10.2f}"
+                    f"{n / s['ours']:>11.0f}{n / s['ref']:>10.0f}{s['ref'] / s['ours']:>8.2f}x"
+                    f"{mem.get('ours', math.nan):>9.0f}{mem.get('ref', math.nan):>8.0f}")
+        print(f"  ({size}: target padding in these batches {r['padding']:.1%})", flush=True)
+        if args.all_positions:
+            print(f"  ({size}: ours with the projection over all positions: "
+                  f"{n / s['ours_all']:.0f} tok/s, {s['ref'] / s['ours_all']:.2f}x ref)")
+    print(header, *rows, sep="\n")
+
+
+if __name__ == "__main__":
+    main()

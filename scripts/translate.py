@@ -1,0 +1,121 @@
+"""Translate sentences with a trained model, and score them with sacrebleu.
+
+    python scripts/translate.py --checkpoint RUN_DIR_OR_PT [--input FILE] [--output FILE]
+        [--beam-size 5] [--nbest 1] [--max-tokens N] [--device auto] [--reference FILE]
+
+One translation per input line, in input order (an empty line gives an empty line). With
+`--nbest K`: K lines per input line, `LINE_NUMBER<TAB>SCORE<TAB>TRANSLATION`, best first.
+With `--reference`: BLEU and chrF with their signatures on stderr, as the sacrebleu CLI
+prints them. Errors (bad checkpoint, unreadable input, ...) print one line and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import torch
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from transformer.checkpoint import CheckpointError
+from transformer.data import DataError, read_lines
+from transformer.search import DEFAULT_ALPHA
+from transformer.translator import (DEFAULT_MAX_TOKENS, Translator, bleu_report, iter_lines,
+                                    translate_lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--checkpoint", nargs="+", required=True, metavar="RUN_DIR_OR_PT",
+                   help="checkpoint file or run directory (its best checkpoint); several are "
+                        "averaged")
+    p.add_argument("--input", type=Path, help="input file (default: standard input)")
+    p.add_argument("--output", type=Path, help="output file (default: standard output)")
+    p.add_argument("--beam-size", type=int, default=5)
+    p.add_argument("--nbest", type=int, default=1, help="translations per input line")
+    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                   help="length-penalty exponent (GNMT); 0 ranks by plain log-prob")
+    p.add_argument("--max-len-a", type=float, default=1.5,
+                   help="outputs have at most a * source_len + b tokens")
+    p.add_argument("--max-len-b", type=int, default=10)
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                   help="source tokens per batch (padding included, before the beam)")
+    p.add_argument("--chunk-lines", type=int, default=10_000,
+                   help="input lines read, sorted and translated at a time")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    p.add_argument("--threads", type=int,
+                   help="CPU threads (default: torch's); on a busy shared machine 1 can be "
+                        "many times faster, as decoding runs many small operations")
+    p.add_argument("--reference", type=Path, help="score the translations against this file")
+    return p
+
+
+def _count_lines(path: Path) -> int:
+    """Lines of a file, a last line without "\\n" included, read in blocks."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+def run(args: argparse.Namespace) -> None:
+    references = read_lines(args.reference) if args.reference else None
+    interactive = args.input is None and sys.stdin.isatty()
+    total = _count_lines(args.input) if args.input else None
+    if references is not None and total is not None and total != len(references):
+        raise DataError(f"the reference {args.reference} has {len(references)} lines but the "
+                        f"input {args.input} has {total}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    translator = Translator.load(args.checkpoint, device=args.device)
+    with contextlib.ExitStack() as stack:
+        source = (stack.enter_context(open(args.input, "rb")) if args.input
+                  else sys.stdin.buffer)
+        out = (stack.enter_context(open(args.output, "w", encoding="utf-8", newline="\n"))
+               if args.output else sys.stdout)
+        bar = stack.enter_context(tqdm(total=total, unit="sent", disable=interactive,
+                                       file=sys.stderr, dynamic_ncols=True))
+        stack.enter_context(logging_redirect_tqdm())
+        hypotheses = translate_lines(
+            translator, iter_lines(source, str(args.input or "<stdin>")), out,
+            chunk_lines=1 if interactive else args.chunk_lines, flush=interactive,
+            keep=references is not None, on_progress=bar.update, nbest=args.nbest,
+            beam_size=args.beam_size, alpha=args.alpha, max_tokens=args.max_tokens,
+            max_len_a=args.max_len_a, max_len_b=args.max_len_b)
+    if references is not None:
+        for line in bleu_report(hypotheses, references):
+            print(line, file=sys.stderr)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if min(args.beam_size, args.max_tokens, args.chunk_lines) < 1 or args.alpha < 0:
+        build_parser().error("--beam-size, --max-tokens, --chunk-lines must be >= 1, "
+                             "--alpha >= 0")
+    if not 1 <= args.nbest <= args.beam_size:
+        build_parser().error("--nbest must be between 1 and --beam-size")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
+    try:
+        run(args)
+    except BrokenPipeError:  # the reader went away (e.g. `| head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (CheckpointError, DataError, OSError) as e:
+        message = str(e).replace("\n", " ")
+        print(f"error: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

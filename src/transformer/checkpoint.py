@@ -1,0 +1,194 @@
+"""Checkpoints: atomic save, safe load, model rebuild, averaging.
+
+A checkpoint is a dict of tensors and plain Python values only, loaded with
+`torch.load(weights_only=True)`, so a checkpoint from someone else cannot run code:
+
+    format_version  int
+    model           state dict
+    model_config    ModelConfig.to_dict()
+    tokenizer       {"src": bytes, "tgt": bytes} SentencePiece model protos
+    ...             whatever else the trainer stores (optimizer, counters, RNG states)
+
+A training run keeps, in `run_dir/checkpoints/`: `checkpoint_last.pt` (resume from here),
+`checkpoint_best.pt` (best validation BLEU) and the last K `checkpoint_<updates>.pt`
+(for `average_checkpoints`).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Sequence, Union
+
+import torch
+
+from .model import ModelConfig, Transformer
+from .tokenizer import Tokenizer, TokenizerPair
+
+FORMAT_VERSION = 1
+PathLike = Union[str, "os.PathLike[str]"]
+
+__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "check_model_config",
+           "model_from_checkpoint", "tokenizers_to_state", "tokenizers_from_state",
+           "average_checkpoints", "LAST", "BEST", "numbered_checkpoint_path",
+           "numbered_checkpoints", "prune_checkpoints", "copy_checkpoint", "rng_state",
+           "set_rng_state"]
+
+LAST = "checkpoint_last.pt"
+BEST = "checkpoint_best.pt"
+_NUMBERED = re.compile(r"checkpoint_(\d+)\.pt")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file that is missing, corrupt, unsafe or incompatible."""
+
+
+def save_checkpoint(state: dict[str, Any], path: PathLike) -> None:
+    """Write `state` to `path` atomically: a crash never leaves a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({"format_version": FORMAT_VERSION, **state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def copy_checkpoint(src: PathLike, dst: PathLike) -> None:
+    """Copy a checkpoint file atomically (temporary file, then rename)."""
+    dst = Path(dst)
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def numbered_checkpoint_path(directory: PathLike, num_updates: int) -> Path:
+    return Path(directory) / f"checkpoint_{num_updates}.pt"
+
+
+def numbered_checkpoints(directory: PathLike) -> list[Path]:
+    """The `checkpoint_<updates>.pt` files in `directory`, oldest (fewest updates) first."""
+    found = [(int(m.group(1)), p) for p in Path(directory).glob("checkpoint_*.pt")
+             if (m := _NUMBERED.fullmatch(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def prune_checkpoints(directory: PathLike, keep: int) -> None:
+    """Delete all but the newest `keep` numbered checkpoints (last/best are never touched)."""
+    paths = numbered_checkpoints(directory)
+    for path in paths[: max(0, len(paths) - keep)]:
+        path.unlink(missing_ok=True)
+
+
+def rng_state() -> dict[str, Any]:
+    """The random number generators' states, as tensors and plain values."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore `rng_state()` (dropout masks then continue exactly where they stopped)."""
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]  # lists after a save/load round trip
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cpu") -> dict:
+    """Load a checkpoint safely (`weights_only=True`), with errors that name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        culprit = next((line.strip() for line in str(e).splitlines()
+                        if "unsupported global" in line.lower()), "")
+        if not culprit:
+            raise CheckpointError(f"corrupt or truncated checkpoint {path}: {e}") from e
+        raise CheckpointError(
+            f"refusing to load {path}: it holds objects other than tensors and plain values, "
+            f"which could run code when unpickled. {culprit}") from e
+    except Exception as e:  # noqa: BLE001 -- random bytes fail in many ways inside unpickling
+        raise CheckpointError(f"corrupt or truncated checkpoint {path}: "
+                              f"{type(e).__name__}: {e}") from e
+    if not isinstance(state, dict) or "model" not in state or "model_config" not in state:
+        raise CheckpointError(f"{path} is not a transformer checkpoint (no model/model_config)")
+    version = state.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(f"{path} has checkpoint format {version!r}, this version of the "
+                              f"package reads format {FORMAT_VERSION}")
+    return state
+
+
+def check_model_config(state: dict, expected: ModelConfig, path: PathLike = "checkpoint") -> None:
+    """Raise CheckpointError naming every model key whose value differs from `expected`."""
+    saved = state["model_config"]
+    want = expected.to_dict()
+    diffs = [f"model.{k}: checkpoint has {saved.get(k)!r}, config asks for {want[k]!r}"
+             for k in want if saved.get(k) != want[k]]
+    if diffs:
+        raise CheckpointError(f"{path} does not match the requested model: " + "; ".join(diffs))
+
+
+def model_from_checkpoint(state: dict, path: PathLike = "checkpoint") -> Transformer:
+    """Rebuild the model from the config stored with its weights."""
+    try:
+        model = Transformer(ModelConfig.from_dict(state["model_config"]))
+        model.load_state_dict(state["model"])
+    except (ValueError, RuntimeError, TypeError) as e:
+        raise CheckpointError(f"cannot rebuild the model stored in {path}: {e}") from e
+    return model
+
+
+def tokenizers_to_state(tokenizers: TokenizerPair) -> dict[str, bytes]:
+    return {"src": tokenizers.src.to_bytes(), "tgt": tokenizers.tgt.to_bytes()}
+
+
+def tokenizers_from_state(state: dict, path: PathLike = "checkpoint") -> TokenizerPair:
+    """The tokenizers stored in a checkpoint (one object when the vocabulary is joint)."""
+    stored = state.get("tokenizer")
+    if not isinstance(stored, dict) or not {"src", "tgt"} <= stored.keys():
+        raise CheckpointError(f"{path} holds no tokenizer (expected tokenizer.src/.tgt bytes)")
+    src = Tokenizer.from_bytes(stored["src"])
+    tgt = src if stored["tgt"] == stored["src"] else Tokenizer.from_bytes(stored["tgt"])
+    return TokenizerPair(src, tgt)
+
+
+def average_checkpoints(paths: Sequence[PathLike]) -> dict:
+    """Average the model parameters of several checkpoints of the same model.
+
+    The result keeps the first checkpoint's model config and tokenizer and drops the
+    training state (optimizer, counters): it is for translation, not for resuming.
+    """
+    if not paths:
+        raise ValueError("average_checkpoints needs at least one checkpoint")
+    first = load_checkpoint(paths[0])
+    total = {k: v.double() if v.is_floating_point() else v.clone()
+             for k, v in first["model"].items()}
+    for path in paths[1:]:
+        state = load_checkpoint(path)
+        if state["model_config"] != first["model_config"]:
+            raise CheckpointError(f"{path} has a different model config than {paths[0]}")
+        for k, v in state["model"].items():
+            if total[k].is_floating_point():
+                total[k] += v.double()
+    model = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v
+             for k, v in total.items()}
+    return {"format_version": FORMAT_VERSION, "model": model,
+            "model_config": first["model_config"], "tokenizer": first.get("tokenizer"),
+            "averaged_from": [str(p) for p in paths]}

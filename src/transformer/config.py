@@ -1,0 +1,206 @@
+"""Typed training configuration: the schemas behind `configs/*.yaml`.
+
+Hydra composes `configs/config.yaml` with one option per group (`model/`, `data/`, `optim/`,
+`trainer/`, `experiment/`) onto `TrainConfig`, registered in Hydra's ConfigStore as
+`train_schema`. So a misspelled key or a value of the wrong type fails while composing, with
+the key named, and `load_config` turns the result into dataclasses whose `validate()` checks
+value ranges (`optim.lr must be > 0, got -1.0`) before anything is trained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional, Sequence
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from .data import DataConfig
+from .model import ModelConfig
+
+__all__ = ["ModelSettings", "OptimConfig", "TrainerConfig", "TrainConfig", "load_config",
+           "compose_config", "register_configs", "CONFIG_DIR"]
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"  # the repository's configs/
+
+OPTIMIZERS = ("adam", "adamw")
+SCHEDULES = ("inverse_sqrt", "constant")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass
+class ModelSettings:
+    """The `model` group: the architecture. Vocabulary sizes come from the tokenizer and
+    `share_embeddings` from `data.joint_vocab` at run time (see `to_model_config`)."""
+
+    name: str = "base"
+    num_hiddens: int = 512
+    ffn_num_hiddens: int = 2048
+    num_heads: int = 8
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    dropout: float = 0.1
+    attention_dropout: float = 0.0  # > 0 disables PyTorch's fused attention kernel on CPU
+    norm_first: bool = False  # False: post-norm (paper); True: pre-norm
+    tie_output: bool = True  # target embedding == output projection
+    max_positions: int = 1024
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """ModelConfig's own checks (they name `model.<field>`)."""
+        self.to_model_config(src_vocab_size=8, tgt_vocab_size=8, share_embeddings=True)
+
+    def to_model_config(self, src_vocab_size: int, tgt_vocab_size: int,
+                        share_embeddings: bool) -> ModelConfig:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        del fields["name"]
+        return ModelConfig(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
+                           share_embeddings=share_embeddings, **fields)
+
+
+@dataclass
+class OptimConfig:
+    """The `optim` group: optimizer, learning-rate schedule, loss and gradient handling."""
+
+    name: str = "adam"  # adam | adamw
+    lr: float = 5e-4  # peak learning rate (reached at the end of warmup)
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    schedule: str = "inverse_sqrt"  # inverse_sqrt | constant (both after linear warmup)
+    warmup_updates: int = 4000
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0  # max gradient norm; 0: no clipping (the norm is still logged)
+    update_freq: int = 1  # batches accumulated per update
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        _check(self.name in OPTIMIZERS, f"optim.name must be one of {OPTIMIZERS}, "
+                                        f"got {self.name!r}")
+        _check(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
+        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+               f"optim.betas must be two values in [0, 1), got {list(self.betas)}")
+        _check(self.eps > 0, f"optim.eps must be > 0, got {self.eps}")
+        _check(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, "
+                                       f"got {self.weight_decay}")
+        _check(self.schedule in SCHEDULES, f"optim.schedule must be one of {SCHEDULES}, "
+                                           f"got {self.schedule!r}")
+        _check(_is_int(self.warmup_updates) and self.warmup_updates >= 0,
+               f"optim.warmup_updates must be >= 0, got {self.warmup_updates}")
+        _check(0 <= self.label_smoothing < 1,
+               f"optim.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        _check(self.clip_norm >= 0, f"optim.clip_norm must be >= 0, got {self.clip_norm}")
+        _check(_is_int(self.update_freq) and self.update_freq >= 1,
+               f"optim.update_freq must be >= 1, got {self.update_freq}")
+
+
+@dataclass
+class TrainerConfig:
+    """The `trainer` group: device, precision, limits, validation, checkpoints, logging."""
+
+    device: str = "auto"  # auto (CUDA if present, else CPU) | cpu | cuda | cuda:N
+    precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
+    compile: bool = False  # torch.compile the model for training (pays off in long runs)
+    max_epochs: Optional[int] = None  # the limits: training stops at the first one reached
+    max_updates: Optional[int] = None
+    max_time: Optional[float] = None  # seconds of training, summed over resumed runs
+    validate_every_updates: int = 0  # also validate every N updates; 0: only after epochs
+    patience: int = 0  # stop after N validations without a better BLEU; 0: never
+    keep_last: int = 5  # numbered checkpoints kept besides last/best; 0: none written
+    resume: bool = False  # require checkpoints/checkpoint_last.pt (used anyway if present)
+    log_every_updates: int = 50  # train.log/TensorBoard interval
+    max_bad_updates: int = 5  # stop after N non-finite losses/gradients in a row
+    bleu_max_sentences: Optional[int] = None  # decode only the first N validation sentences
+    decode_max_tokens: Optional[int] = None  # source tokens per decoding batch; null: data's
+    decode_max_len_a: float = 1.5  # output length limit: a * source length + b
+    decode_max_len_b: int = 10
+    num_samples: int = 4  # sample translations shown in TensorBoard per validation
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
+               f"trainer.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        _check(self.precision in PRECISIONS,
+               f"trainer.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        for key in ("max_epochs", "max_updates", "bleu_max_sentences", "decode_max_tokens"):
+            value = getattr(self, key)
+            _check(value is None or (_is_int(value) and value > 0),
+                   f"trainer.{key} must be a positive integer or null, got {value!r}")
+        _check(self.max_time is None or self.max_time > 0,
+               f"trainer.max_time must be > 0 seconds or null, got {self.max_time}")
+        for key in ("validate_every_updates", "patience", "keep_last", "num_samples"):
+            value = getattr(self, key)
+            _check(_is_int(value) and value >= 0, f"trainer.{key} must be >= 0, got {value!r}")
+        for key in ("log_every_updates", "max_bad_updates"):
+            value = getattr(self, key)
+            _check(_is_int(value) and value >= 1, f"trainer.{key} must be >= 1, got {value!r}")
+        _check(self.decode_max_len_a >= 0 and self.decode_max_len_b >= 1,
+               "trainer.decode_max_len_a must be >= 0 and trainer.decode_max_len_b >= 1, got "
+               f"{self.decode_max_len_a}, {self.decode_max_len_b}")
+
+
+@dataclass
+class TrainConfig:
+    """Everything `transformer.training.train` needs (configs/config.yaml)."""
+
+    model: ModelSettings = field(default_factory=ModelSettings)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    seed: int = 1  # model initialization and dropout (data.seed shuffles the batches)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Checks across groups (each group validated itself already)."""
+        _check(_is_int(self.seed), f"seed must be an integer, got {self.seed!r}")
+        _check(self.data.max_len <= self.model.max_positions,
+               f"data.max_len ({self.data.max_len}) must be <= model.max_positions "
+               f"({self.model.max_positions})")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values only (stored in checkpoints)."""
+        return dataclasses.asdict(self)
+
+
+def register_configs() -> None:
+    """Register the schema that configs/config.yaml names in its defaults list."""
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+register_configs()  # on import, before Hydra composes (scripts/train.py imports this module)
+
+
+def load_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
+    """A composed Hydra config -> validated `TrainConfig` (ValueError naming the key)."""
+    if isinstance(cfg, TrainConfig):
+        cfg.validate()
+        return cfg
+    merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg)  # types, unknown keys
+    return OmegaConf.to_object(merged)  # runs every validate()
+
+
+def compose_config(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -> TrainConfig:
+    """Compose configs/ with command-line style `overrides` (as scripts/train.py would, but
+    without starting a Hydra app: for tests and notebooks) -> validated `TrainConfig`."""
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        return load_config(compose("config", overrides=list(overrides)))

@@ -1,0 +1,248 @@
+"""Decoding: greedy and beam search over the model's key/value cache.
+
+Each step feeds only the newest token; the decoder's self-attention keys/values grow in the
+cache and the encoder-decoder keys/values are projected once per sentence. `use_cache=False`
+re-runs the decoder over the whole prefix instead (the reference for tests and benchmarks).
+
+Conventions shared by both searches:
+- The output of a sentence is at most `max_len = a * source_len + b` tokens, EOS not counted
+  (`max_output_lengths`); beam search then forces EOS, greedy search just stops.
+- PAD and BOS are never generated (their logits are masked); UNK may be.
+
+Beam search, in short (rows = sentences x beam, scores = cumulative log-probs):
+- Step 0 decodes one row per sentence and its top `beam` tokens start the beam, so no
+  hypothesis appears twice and encoder-decoder keys/values are projected once per sentence.
+- Each step takes the top `beam` candidates over beam x vocab per sentence and accepts the
+  best `beam - finished` of them; accepted candidates ending in EOS become finished
+  hypotheses and leave the beam, so a sentence's beam shrinks as hypotheses finish (as in
+  Marian/Nematus) and holds at most `beam` finished ones. With `beam_size=1` this is exactly
+  greedy search, whatever alpha.
+- A finished hypothesis of `n` output tokens plus EOS has the GNMT length-normalised score
+  `log_prob / lp(n + 1)`, `lp(L) = ((5 + L) / 6) ** alpha`: L counts the EOS token.
+- A sentence stops when no hypothesis is alive, or when it has `nbest` finished hypotheses and
+  the best alive one cannot beat the `nbest`-th: log-probs only decrease and, for alpha >= 0,
+  `lp` only grows with length, so an alive hypothesis with cumulative log-prob `s` can at best
+  reach `s / lp(max_len + 1)`. The rule is exact (never drops a hypothesis that could win),
+  and the best hypothesis does not depend on `nbest`.
+- Finished sentences leave the batch (their rows are dropped from the caches).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator, Optional, Union
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from .blocks import LayerCache
+from .model import Transformer
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+__all__ = ["DEFAULT_ALPHA", "Hypothesis", "length_penalty", "max_output_lengths",
+           "greedy_search", "beam_search"]
+
+DEFAULT_ALPHA = 0.6  # Wu et al. (2016) found 0.6-0.7 best; not yet re-tuned on Multi30k
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One finished translation: output ids (no BOS/EOS) and its scores."""
+
+    tokens: list[int]
+    score: float  # log_prob / length_penalty(len(tokens) + 1, alpha), used for ranking
+    log_prob: float  # sum of the token log-probs, EOS included
+
+
+def length_penalty(length: Union[int, Tensor], alpha: float) -> Union[float, Tensor]:
+    """GNMT's length penalty ((5 + length) / 6) ** alpha; `length` counts EOS."""
+    return ((5 + length) / 6) ** alpha
+
+
+def max_output_lengths(src_valid_lens: Tensor, max_len_a: float, max_len_b: int,
+                       max_positions: int) -> Tensor:
+    """The most output tokens (EOS not counted) per sentence: a * source_len + b, within
+    the model's limit (BOS + output must fit in `max_positions`)."""
+    lengths = (src_valid_lens.float() * max_len_a).long() + max_len_b
+    return lengths.clamp(min=1, max=max_positions - 1)
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """Run in eval mode (no dropout), then restore the caller's mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def _next_log_probs(model: Transformer, tokens: Tensor, enc_outputs: Tensor,
+                    src_valid_lens: Tensor, cache: Optional[list[LayerCache]]) -> Tensor:
+    """Log-probs of the next token after each row of `tokens` (rows, steps) -> (rows, vocab).
+
+    With `cache` only the last token is fed; without, the decoder re-reads the whole prefix.
+    """
+    if cache is not None:
+        logits = model.decode_step(tokens[:, -1:], enc_outputs, src_valid_lens, cache)[:, -1]
+    else:
+        hidden = model.decoder(tokens, enc_outputs, src_valid_lens)[:, -1]  # (rows, d)
+        logits = model.output_projection(hidden)
+    never = torch.tensor([PAD_ID, BOS_ID], device=logits.device)
+    logits = logits.float().index_fill_(1, never, float("-inf"))  # a fresh tensor: in place
+    return torch.log_softmax(logits, dim=-1)
+
+
+def _select_cache(cache: Optional[list[LayerCache]], index: Tensor, *,
+                  cross_attention: bool) -> None:
+    """Keep/reorder the cache rows `index`; the cross-attention part only if asked."""
+    for layer in cache or ():
+        if cross_attention:
+            layer.reorder(index)
+        else:
+            layer.self_attention.reorder(index)
+
+
+@torch.no_grad()
+def greedy_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
+                  max_len_a: float = 1.5, max_len_b: int = 10,
+                  use_cache: bool = True) -> list[list[int]]:
+    """Translate a batch greedily -> token ids per sentence, without BOS/EOS."""
+    max_lens = max_output_lengths(src_valid_lens, max_len_a, max_len_b,
+                                  model.config.max_positions)  # (batch,)
+    outputs: list[list[int]] = [[] for _ in range(src.shape[0])]
+    with _eval_mode(model):
+        enc_outputs = model.encode(src, src_valid_lens)
+        cache = model.new_cache() if use_cache else None
+        tokens = torch.full((src.shape[0], 1), BOS_ID, dtype=torch.long, device=src.device)
+        sentence = torch.arange(src.shape[0], device=src.device)  # original index of each row
+        for step in range(int(max_lens.max())):
+            log_probs = _next_log_probs(model, tokens, enc_outputs, src_valid_lens, cache)
+            next_tokens = log_probs.argmax(-1)  # (rows,)
+            tokens = torch.cat([tokens, next_tokens[:, None]], 1)  # (rows, 2 + step)
+            done = (next_tokens == EOS_ID) | (max_lens == step + 1)
+            if not bool(done.any()):
+                continue
+            for row in done.nonzero().squeeze(1).tolist():
+                ids = tokens[row, 1:].tolist()
+                outputs[int(sentence[row])] = ids[:-1] if ids[-1] == EOS_ID else ids
+            keep = (~done).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            tokens, enc_outputs, src_valid_lens, max_lens, sentence = (
+                x.index_select(0, keep)
+                for x in (tokens, enc_outputs, src_valid_lens, max_lens, sentence))
+            _select_cache(cache, keep, cross_attention=True)
+    return outputs
+
+
+@torch.no_grad()
+def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
+                beam_size: int = 5, nbest: int = 1, alpha: float = DEFAULT_ALPHA,
+                max_len_a: float = 1.5, max_len_b: int = 10,
+                use_cache: bool = True) -> list[list[Hypothesis]]:
+    """Translate a batch with beam search -> the `nbest` best hypotheses per sentence,
+    best first (see the module docstring for the search and stopping rule)."""
+    if beam_size < 1 or not 1 <= nbest <= beam_size:
+        raise ValueError(f"need beam_size >= 1 and 1 <= nbest <= beam_size, got "
+                         f"beam_size={beam_size}, nbest={nbest}")
+    if alpha < 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}")
+    k, device = beam_size, src.device
+    num_sentences = src.shape[0]
+    finished: list[list[Hypothesis]] = [[] for _ in range(num_sentences)]  # best first
+    # Per active sentence (a): original index, length limit, open slots, nbest-th score.
+    sentence = torch.arange(num_sentences, device=device)
+    max_lens = max_output_lengths(src_valid_lens, max_len_a, max_len_b,
+                                  model.config.max_positions)
+    budget = torch.full((num_sentences,), k, device=device)  # beam slots not yet finished
+    kth_score = torch.full((num_sentences,), float("-inf"), device=device)
+    scores = torch.zeros(num_sentences, 1, device=device)  # (a, rows per sentence)
+    slots = torch.arange(k, device=device)
+    with _eval_mode(model):
+        # Step 0 runs one row per sentence (so encoder-decoder keys/values are projected once
+        # per sentence), then every row is copied to its sentence's k beams: rows a * k + j.
+        # Beams never leave their sentence, so the encoder outputs and the cross-attention
+        # cache are identical across a sentence's rows and need no reordering after that.
+        enc_outputs = model.encode(src, src_valid_lens)
+        cache = model.new_cache() if use_cache else None
+        tokens = torch.full((num_sentences, 1), BOS_ID, dtype=torch.long, device=device)
+        for step in range(int(max_lens.max()) + 1):
+            num_active, width = scores.shape
+            log_probs = _next_log_probs(model, tokens, enc_outputs, src_valid_lens, cache)
+            at_limit = max_lens == step  # (a,) these sentences must end now
+            if bool(at_limit.any()):
+                _only_eos(log_probs, at_limit.repeat_interleave(width).nonzero().squeeze(1))
+            top_scores, beam, token = _top_candidates(scores, log_probs, k)  # (a, k) each
+            # The shrinking beam: the best `budget` candidates go on (or end, with EOS).
+            accepted = (slots[None] < budget[:, None]) & (top_scores > float("-inf"))
+            ended = accepted & (token == EOS_ID)
+            rows = (torch.arange(num_active, device=device)[:, None] * width + beam).view(-1)
+            tokens = torch.cat([tokens.index_select(0, rows), token.view(-1, 1)], 1)
+            _select_cache(cache, rows, cross_attention=step == 0)
+            if step == 0:
+                enc_outputs, src_valid_lens = (x.index_select(0, rows)
+                                               for x in (enc_outputs, src_valid_lens))
+            if bool(ended.any()):
+                _collect(finished, kth_score, ended, tokens, top_scores, sentence, step,
+                         alpha, nbest)
+                budget = budget - ended.sum(1)
+            scores = top_scores.masked_fill(~accepted | ended, float("-inf"))  # (a, k)
+            # Stop a sentence when nothing alive can beat its nbest-th finished hypothesis
+            # (nothing alive: -inf, which is <= any score).
+            best_reachable = scores.max(1).values / length_penalty(max_lens + 1, alpha)
+            done = best_reachable <= kth_score
+            if bool(done.all()):
+                break
+            if bool(done.any()):
+                keep = (~done).nonzero().squeeze(1)  # active sentences that go on
+                keep_rows = (keep[:, None] * k + slots).view(-1)
+                scores, budget, kth_score, max_lens, sentence = (
+                    x.index_select(0, keep)
+                    for x in (scores, budget, kth_score, max_lens, sentence))
+                tokens, enc_outputs, src_valid_lens = (
+                    x.index_select(0, keep_rows) for x in (tokens, enc_outputs, src_valid_lens))
+                _select_cache(cache, keep_rows, cross_attention=True)
+    return [hyps[:nbest] for hyps in finished]
+
+
+def _top_candidates(scores: Tensor, log_probs: Tensor,
+                    k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The k best continuations per sentence, best first: scores (a, width) and log_probs
+    (a * width, vocab) -> cumulative scores, source row within the sentence, token; each
+    (a, k). Missing candidates (k > width * vocab: tiny test vocabularies) score -inf.
+    `log_probs` is overwritten (it becomes the candidates' scores)."""
+    num_active, width = scores.shape
+    vocab_size = log_probs.shape[1]
+    candidates = log_probs.add_(scores.view(-1, 1)).view(num_active, width * vocab_size)
+    top_scores, top_index = candidates.topk(min(k, width * vocab_size), dim=1)
+    if top_scores.shape[1] < k:
+        top_scores = F.pad(top_scores, (0, k - top_scores.shape[1]), value=float("-inf"))
+        top_index = F.pad(top_index, (0, k - top_index.shape[1]), value=0)
+    return top_scores, top_index // vocab_size, top_index % vocab_size
+
+
+def _only_eos(log_probs: Tensor, rows: Tensor) -> None:
+    """Let `rows` of log_probs (rows, vocab) continue with EOS only (its log-prob kept)."""
+    eos = log_probs[rows, EOS_ID]
+    log_probs[rows] = float("-inf")
+    log_probs[rows, EOS_ID] = eos
+
+
+def _collect(finished: list[list[Hypothesis]], kth_score: Tensor, ended: Tensor,
+             tokens: Tensor, top_scores: Tensor, sentence: Tensor, step: int, alpha: float,
+             nbest: int) -> None:
+    """Store the hypotheses that just ended (`ended` (a, k)); update each sentence's
+    nbest-th best score. `tokens` rows are BOS + output + EOS."""
+    k = ended.shape[1]
+    penalty = length_penalty(step + 1, alpha)  # step + 1 tokens generated, EOS included
+    for a, j in ended.nonzero().tolist():
+        log_prob = float(top_scores[a, j])
+        hyps = finished[int(sentence[a])]
+        hyps.append(Hypothesis(tokens[a * k + j, 1:-1].tolist(), log_prob / penalty, log_prob))
+        hyps.sort(key=lambda h: -h.score)
+        if len(hyps) >= nbest:
+            kth_score[a] = hyps[nbest - 1].score

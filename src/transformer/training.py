@@ -1,0 +1,672 @@
+"""The training loop: batches -> label-smoothed loss -> backward -> clip -> Adam + schedule,
+validation BLEU -> best checkpoint / early stopping, exact resume, DistributedDataParallel.
+
+    train(cfg, run_dir)             # what scripts/train.py calls (cfg: config.TrainConfig)
+
+One update = `optim.update_freq` batches; their summed loss is divided by the number of target
+tokens of the whole update on all ranks (as fairseq does), so gradient accumulation and more
+GPUs only change the batch size. Everything else is PyTorch's own: `CrossEntropyLoss`
+(label smoothing, padding ignored), `LambdaLR`, `torch.amp`, `clip_grad_norm_`, DDP with
+`no_sync()` while accumulating.
+
+The run directory holds `config.yaml` (resolved), `spm.model`, `checkpoints/`, TensorBoard
+event files and `train.log`. Only rank 0 logs and writes. A run directory that already has
+`checkpoints/checkpoint_last.pt` is resumed: model, optimizer, schedule, scaler, counters,
+position in the epoch and RNG states are restored, so the losses continue exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Union
+
+import sacrebleu
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from . import checkpoint as ckpt
+from .config import TrainConfig, load_config
+from .data import Batch, Data, eval_batches, load_data
+from .model import Transformer
+from .search import greedy_search
+from .tokenizer import PAD_ID
+
+__all__ = ["TrainingError", "TrainResult", "TrainState", "Trainer", "train", "lr_lambda"]
+
+log = logging.getLogger(__name__)
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. too many non-finite losses in a row)."""
+
+
+@dataclass
+class TrainState:
+    """Counters saved in checkpoints (plain values) so that a resumed run continues exactly."""
+
+    epoch: int = 1  # 1-based
+    batches_done: int = 0  # this rank's batches of `epoch` already trained on
+    num_updates: int = 0
+    best_bleu: float = -1.0
+    bad_validations: int = 0  # validations since the best BLEU (early stopping)
+    last_validation: int = -1  # num_updates at the last validation
+    bad_updates: int = 0  # updates skipped for a non-finite loss/gradient, in total
+    bad_in_row: int = 0
+    train_time: float = 0.0  # seconds, over all resumed runs
+
+    @property
+    def trained_epoch(self) -> int:
+        """The epoch of the latest update (`epoch` already points at the next one after an
+        epoch ends)."""
+        return self.epoch - 1 if self.batches_done == 0 and self.epoch > 1 else self.epoch
+
+
+@dataclass
+class TrainResult:
+    """What `train` returns (the tests read the losses)."""
+
+    stop_reason: str
+    state: TrainState
+    losses: list[float] = field(default_factory=list)  # per update of this run, per token
+    valid: Optional[dict[str, float]] = None  # the last validation's metrics
+
+
+# ---- setup ------------------------------------------------------------------------------
+
+
+@dataclass
+class DistEnv:
+    """This process's place in a torchrun job (rank 0 of 1 without torchrun)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    owns_group: bool = False  # we initialized the process group, so we destroy it
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(use_cuda: bool) -> DistEnv:
+    """Join the process group torchrun describes in the environment (gloo on CPU, nccl on
+    CUDA); a plain `python` run is a world of one."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return DistEnv()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    owns = not dist.is_initialized()
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    if owns:
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, owns)
+
+
+def resolve_device(name: str, env: DistEnv) -> torch.device:
+    """`auto` -> CUDA if present, else CPU; under torchrun each rank takes its local GPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"trainer.device={name} but CUDA is not available")
+        return torch.device("cuda", env.local_rank) if env.distributed else torch.device(name)
+    return torch.device("cpu")
+
+
+def resolve_precision(name: str, device: torch.device) -> Optional[torch.dtype]:
+    """The autocast dtype, or None for float32. `auto`: bf16 on CUDA, float32 on CPU."""
+    if name == "auto":
+        if device.type != "cuda":
+            return None
+        name = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+class _TqdmHandler(logging.StreamHandler):
+    """Console log lines that do not break the progress bar (written via tqdm, to stderr)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # noqa: BLE001 -- logging must never crash training
+            self.handleError(record)
+
+
+def setup_logging(run_dir: Path, env: DistEnv) -> Callable[[], None]:
+    """Package logs to the console and `run_dir/train.log` on rank 0 (warnings only on other
+    ranks). Returns the function that removes the handlers again."""
+    logger = logging.getLogger("transformer")
+    prefix = "" if env.is_main else f"[rank {env.rank}] "
+    formatter = logging.Formatter(f"%(asctime)s | %(levelname)s | {prefix}%(message)s",
+                                  "%Y-%m-%d %H:%M:%S")
+    handlers: list[logging.Handler] = [_TqdmHandler()]
+    if env.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(run_dir / "train.log", encoding="utf-8"))
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        logger.addHandler(handler)
+    old_level, old_propagate = logger.level, logger.propagate
+    logger.setLevel(logging.INFO if env.is_main else logging.WARNING)
+    logger.propagate = False  # no second copy through a root handler
+
+    def cleanup() -> None:
+        for handler in handlers:
+            logger.removeHandler(handler)
+            handler.close()
+        logger.setLevel(old_level)
+        logger.propagate = old_propagate
+
+    return cleanup
+
+
+def lr_lambda(schedule: str, warmup_updates: int) -> Callable[[int], float]:
+    """LambdaLR factor of the peak lr for the update after `num_updates` updates: linear
+    warmup to 1, then constant or 1/sqrt(update) decay (1 at the end of warmup)."""
+    warmup = max(1, warmup_updates)
+
+    def factor(num_updates: int) -> float:
+        step = num_updates + 1  # 1-based number of the update about to be made
+        if step < warmup:
+            return step / warmup
+        return 1.0 if schedule == "constant" else math.sqrt(warmup / step)
+
+    return factor
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """Adam/AdamW, fused kernel where this PyTorch has one for the device (CPU: torch>=2.4;
+    it halves the optimizer's time there)."""
+    o = cfg.optim
+    cls = torch.optim.AdamW if o.name == "adamw" else torch.optim.Adam
+    kwargs = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+    try:
+        return cls(model.parameters(), fused=True, **kwargs)
+    except RuntimeError:  # no fused kernel for these parameters' device
+        return cls(model.parameters(), **kwargs)
+
+
+# ---- the trainer ------------------------------------------------------------------------
+
+
+class Trainer:
+    """Owns the model, optimizer and counters of one run; `fit()` trains to a limit."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, env: DistEnv) -> None:
+        self.cfg, self.run_dir, self.env = cfg, run_dir, env
+        self.ckpt_dir = run_dir / "checkpoints"
+        self.device = resolve_device(cfg.trainer.device, env)
+        self.amp_dtype = resolve_precision(cfg.trainer.precision, self.device)
+        self.stop_requested: Optional[str] = None  # set by the signal handler
+        self.losses: list[float] = []
+
+        resume = self._find_resume_checkpoint()
+        self.data = self._load_data(None if resume is None else
+                                    ckpt.tokenizers_from_state(resume[1], resume[0]))
+        torch.manual_seed(cfg.seed)  # the same initial model on every rank
+        self.model = self._build_model().to(self.device)
+        self.optimizer = build_optimizer(self.model, cfg)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(cfg.optim.schedule, cfg.optim.warmup_updates))
+        self.scaler = (torch.amp.GradScaler(self.device.type)
+                       if self.amp_dtype == torch.float16 else None)
+        self.criterion = nn.CrossEntropyLoss(ignore_index=PAD_ID, reduction="sum",
+                                             label_smoothing=cfg.optim.label_smoothing)
+        self.state = TrainState()
+        torch.manual_seed(cfg.seed + env.rank)  # dropout differs between ranks
+        if resume is not None:
+            self._restore(*resume)
+        self.ddp = (DistributedDataParallel(self.model, broadcast_buffers=False,
+                                            device_ids=[self.device.index]
+                                            if self.device.type == "cuda" else None)
+                    if env.distributed else None)
+        self.train_model: nn.Module = self.ddp or self.model
+        if cfg.trainer.compile:
+            self.train_model = torch.compile(self.train_model)
+        self.writer = self._open_writer(resumed=resume is not None)
+        self._write_config()
+        self._meter = _Meter()
+        self._last_valid: Optional[dict[str, float]] = None
+
+    # -- setup pieces --
+
+    def _find_resume_checkpoint(self) -> Optional[tuple[Path, dict]]:
+        """(path, state) of checkpoint_last.pt if the run directory has one."""
+        path = self.ckpt_dir / ckpt.LAST
+        if not path.is_file():
+            if self.cfg.trainer.resume:
+                raise ckpt.CheckpointError(
+                    f"trainer.resume=true but there is no {path} to resume from")
+            return None
+        return path, ckpt.load_checkpoint(path, map_location="cpu")
+
+    def _load_data(self, tokenizers) -> Data:
+        """Rank 0 trains SentencePiece and writes the caches first; the others then load."""
+        if self.env.distributed and not self.env.is_main:
+            dist.barrier()
+        data = load_data(self.cfg.data, self.run_dir, tokenizers=tokenizers)
+        if self.env.distributed and self.env.is_main:
+            dist.barrier()
+        return data
+
+    def _build_model(self) -> Transformer:
+        toks = self.data.tokenizers
+        config = self.cfg.model.to_model_config(
+            toks.src.vocab_size, toks.tgt.vocab_size, share_embeddings=self.cfg.data.joint_vocab)
+        model = Transformer(config)
+        log.info("model %s: %s parameters, %s", self.cfg.model.name,
+                 f"{model.num_parameters():,}", config)
+        return model
+
+    def _restore(self, path: Path, state: dict) -> None:
+        """Continue from a checkpoint written by `save` (same model config required)."""
+        ckpt.check_model_config(state, self.model.config, path)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.state = TrainState(**state["train_state"])
+        rngs = state["rng"]
+        if len(rngs) == self.env.world_size:
+            ckpt.set_rng_state(rngs[self.env.rank])
+        else:
+            log.warning("checkpoint has RNG states of %d ranks, this run has %d: dropout "
+                        "will not continue exactly", len(rngs), self.env.world_size)
+        s = self.state
+        log.info("resumed from %s: epoch %d, %d batches into it, %d updates", path, s.epoch,
+                 s.batches_done, s.num_updates)
+
+    def _open_writer(self, resumed: bool) -> Optional[SummaryWriter]:
+        if not self.env.is_main:
+            return None
+        # After a resume, drop events logged past the checkpoint by the interrupted run.
+        return SummaryWriter(str(self.run_dir),
+                             purge_step=self.state.num_updates + 1 if resumed else None)
+
+    def _write_config(self) -> None:
+        if self.env.is_main:
+            text = OmegaConf.to_yaml(OmegaConf.structured(self.cfg))
+            (self.run_dir / "config.yaml").write_text(text, encoding="utf-8")
+            log.info("device %s, %s", self.device,
+                     "float32" if self.amp_dtype is None else f"autocast {self.amp_dtype}")
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    # -- the loop --
+
+    def fit(self) -> TrainResult:
+        """Train until a limit, early stopping or a signal; returns why it stopped."""
+        self._start_time = time.monotonic() - self.state.train_time
+        reason = None
+        while reason is None:
+            reason = self.run_epoch()
+        valid = self._last_valid
+        if reason == "signal":
+            self.save()
+        elif self.state.last_validation != self.state.num_updates:
+            valid = self.validate_and_save()[0]
+        s = self.state
+        log.info("stopped (%s) in epoch %d after %d updates, %.0f s; best BLEU %.2f; "
+                 "checkpoints in %s", reason, s.trained_epoch, s.num_updates, s.train_time,
+                 s.best_bleu, self.ckpt_dir)
+        return TrainResult(reason, s, self.losses, valid)
+
+    def run_epoch(self) -> Optional[str]:
+        """Train on the rest of the current epoch, then validate. Returns the reason to stop,
+        or None to go on with the next epoch."""
+        s, t, uf = self.state, self.cfg.trainer, self.cfg.optim.update_freq
+        if t.max_epochs is not None and s.epoch > t.max_epochs:
+            return "max_epochs"
+        batches = self.data.train_batches(s.epoch, self.env.rank, self.env.world_size)
+        todo = batches[s.batches_done:]
+        with tqdm(total=math.ceil(len(batches) / uf), initial=math.ceil(s.batches_done / uf),
+                  desc=f"epoch {s.epoch}", unit="update", file=sys.stderr, leave=False,
+                  dynamic_ncols=True, disable=not self.env.is_main or None) as bar:
+            for start in range(0, len(todo), uf):
+                if t.max_updates is not None and s.num_updates >= t.max_updates:
+                    return "max_updates"
+                group = todo[start:start + uf]
+                reason = self.train_step([self.data.train.collate(idx) for idx in group])
+                if reason is not None:
+                    return reason
+                s.batches_done += len(group)
+                bar.update()
+                bar.set_postfix(self._meter.postfix(), refresh=False)
+                if (t.validate_every_updates and s.num_updates != s.last_validation
+                        and s.num_updates % t.validate_every_updates == 0):
+                    if self.validate_and_save()[1]:
+                        return "patience"
+        s.epoch, s.batches_done = s.epoch + 1, 0
+        return "patience" if self.validate_and_save()[1] else None
+
+    def train_step(self, batches: list[Batch]) -> Optional[str]:
+        """One update over `batches` (gradient accumulation). Returns "signal"/"max_time"
+        when the ranks agree to stop instead (before any work)."""
+        local_tokens = sum(b.num_tgt_tokens for b in batches)
+        total_tokens, stop = self._agree_before_update(local_tokens)
+        if stop is not None:
+            return stop
+        self.model.train()
+        scale = self.env.world_size / total_tokens  # DDP averages gradients over ranks
+        loss_sum = torch.zeros((), device=self.device)
+        for i, batch in enumerate(batches):
+            last = i == len(batches) - 1
+            with self.ddp.no_sync() if self.ddp is not None and not last else nullcontext():
+                loss = self.batch_loss(batch.to(self.device, non_blocking=True))
+                loss_scaled = loss * scale
+                (self.scaler.scale(loss_scaled) if self.scaler else loss_scaled).backward()
+            loss_sum += loss.detach()
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        clip = self.cfg.optim.clip_norm or math.inf  # inf: only measure the norm
+        gnorm = nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        loss_total, gnorm = self._reduce_stats(loss_sum, gnorm)  # the update's one sync
+        self._apply_update(loss_total / total_tokens, gnorm, total_tokens)
+        return None
+
+    def batch_loss(self, batch: Batch) -> Tensor:
+        """Label-smoothed cross-entropy summed over the batch's target tokens; the output
+        projection runs on those positions only."""
+        mask = batch.tgt_out != PAD_ID  # (B, T)
+        with self.autocast():
+            logits = self.train_model(batch.src, batch.src_valid_lens, batch.tgt_in,
+                                      output_mask=mask)  # (N, V)
+            return self.criterion(logits, batch.tgt_out[mask])
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
+                              enabled=self.amp_dtype is not None)
+
+    def _agree_before_update(self, local_tokens: int) -> tuple[float, Optional[str]]:
+        """Total target tokens of this update over all ranks, and a stop reason if any rank
+        got a signal or the time is up (all ranks decide alike)."""
+        out_of_time = (self.cfg.trainer.max_time is not None
+                       and time.monotonic() - self._start_time >= self.cfg.trainer.max_time)
+        values = [float(local_tokens), float(self.stop_requested is not None),
+                  float(out_of_time)]
+        if self.env.distributed:
+            t = torch.tensor(values, dtype=torch.float64, device=self.device)
+            dist.all_reduce(t)
+            values = t.tolist()
+        stop = "signal" if values[1] else "max_time" if values[2] else None
+        return values[0], stop
+
+    def _reduce_stats(self, loss_sum: Tensor, gnorm: Tensor) -> tuple[float, float]:
+        """(loss summed over all ranks' tokens, gradient norm) as Python floats."""
+        stats = torch.stack([loss_sum.float(), gnorm.float().to(loss_sum.device)])
+        if self.env.distributed:
+            stats = stats.double()
+            dist.all_reduce(stats[:1])  # the norm is already the same on every rank
+        loss, norm = stats.tolist()
+        return loss, norm
+
+    def _apply_update(self, loss: float, gnorm: float, tokens: float) -> None:
+        """Step the optimizer and schedule, or skip the update if anything is non-finite."""
+        s, finite = self.state, math.isfinite(loss) and math.isfinite(gnorm)
+        lr = self.optimizer.param_groups[0]["lr"]  # this update's learning rate
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)  # skips the step itself on inf/NaN gradients
+            self.scaler.update()
+        elif finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if finite:
+            s.num_updates += 1
+            s.bad_in_row = 0
+            self.scheduler.step()
+            self.losses.append(loss)
+            self._meter.add(loss, gnorm, tokens, lr)
+            if s.num_updates % self.cfg.trainer.log_every_updates == 0:
+                self._log_train()
+        elif self.scaler is not None and math.isfinite(loss):
+            log.info("fp16 gradient overflow: update skipped, loss scale now %g",
+                     self.scaler.get_scale())
+        else:
+            s.bad_updates += 1
+            s.bad_in_row += 1
+            log.warning("non-finite loss %s / gradient norm %s: update skipped (%d in a row, "
+                        "%d in total)", loss, gnorm, s.bad_in_row, s.bad_updates)
+            if s.bad_in_row >= self.cfg.trainer.max_bad_updates:
+                raise TrainingError(
+                    f"{s.bad_in_row} updates in a row had a non-finite loss or gradient "
+                    f"(trainer.max_bad_updates={self.cfg.trainer.max_bad_updates}); stopping. "
+                    f"The last good checkpoint is {self.ckpt_dir / ckpt.LAST}; try a lower "
+                    "optim.lr, optim.clip_norm > 0 or trainer.precision=fp32.")
+
+    def _log_train(self) -> None:
+        """One train.log line and the TensorBoard scalars for the last interval."""
+        m, s = self._meter.pop(), self.state
+        log.info("epoch %d | update %d | loss %.3f | lr %.3g | gnorm %.3f | %.0f tok/s",
+                 s.epoch, s.num_updates, m["loss"], m["lr"], m["gnorm"], m["tokens_per_s"])
+        if self.writer is not None:
+            for key, value in m.items():
+                self.writer.add_scalar(f"train/{key}", value, s.num_updates)
+
+    # -- validation and checkpoints --
+
+    def validate_and_save(self) -> tuple[dict[str, float], bool]:
+        """Validate (rank 0), update best BLEU / patience, write checkpoints.
+        Returns (metrics, whether to stop early)."""
+        s, t = self.state, self.cfg.trainer
+        metrics = self.validate() if self.env.is_main else None
+        if self.env.distributed:
+            box = [metrics]
+            dist.broadcast_object_list(box, src=0)
+            metrics = box[0]
+        improved = metrics["bleu"] > s.best_bleu
+        if improved:
+            s.best_bleu, s.bad_validations = metrics["bleu"], 0
+        else:
+            s.bad_validations += 1
+        s.last_validation = s.num_updates
+        self.save(best=improved, numbered=True)
+        log.info("epoch %d | update %d | valid loss %.3f | nll %.3f | ppl %.2f | bleu %.2f | "
+                 "chrf %.2f | best bleu %.2f%s | %.1f s", s.trained_epoch, s.num_updates,
+                 metrics["loss"], metrics["nll"], metrics["ppl"],
+                 metrics["bleu"], metrics["chrf"], s.best_bleu, " (new best)" if improved
+                 else f" ({s.bad_validations} without improvement)", metrics["seconds"])
+        self._last_valid = metrics
+        self._meter.restart()  # validation time is not training throughput
+        return metrics, bool(t.patience and s.bad_validations >= t.patience)
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Loss/perplexity on the validation set and BLEU/chrF of greedy translations."""
+        start = time.perf_counter()
+        # Validation is random-free, but fork anyway so it can never shift dropout masks.
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), self.autocast():
+            self.model.eval()
+            loss, nll = self._valid_loss()
+            hyps, refs, srcs = self._translate_valid()
+            self.model.train()
+        bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
+        chrf = sacrebleu.corpus_chrf(hyps, [refs]).score
+        metrics = {"loss": loss, "nll": nll, "ppl": math.exp(min(nll, 100.0)), "bleu": bleu,
+                   "chrf": chrf, "seconds": time.perf_counter() - start}
+        if self.writer is not None:
+            step = self.state.num_updates
+            for key in ("loss", "nll", "ppl", "bleu", "chrf"):
+                self.writer.add_scalar(f"valid/{key}", metrics[key], step)
+            k = self.cfg.trainer.num_samples
+            if k:
+                rows = [f"| {s} | {r} | {h} |" for s, r, h in zip(srcs[:k], refs[:k], hyps[:k])]
+                self.writer.add_text("valid/samples", "\n".join(
+                    ["| source | reference | greedy |", "|---|---|---|", *rows]), step)
+            self.writer.flush()
+        return metrics
+
+    def _valid_loss(self) -> tuple[float, float]:
+        """(label-smoothed loss, nll) per target token over the validation set."""
+        corpus = self.data.valid
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)
+        tokens = 0
+        for idx in self.data.eval_batches("valid"):
+            batch = corpus.collate(idx).to(self.device)
+            mask = batch.tgt_out != PAD_ID
+            logits = self.model(batch.src, batch.src_valid_lens, batch.tgt_in, output_mask=mask)
+            target = batch.tgt_out[mask]
+            total[0] += self.criterion(logits, target)
+            total[1] += nn.functional.cross_entropy(logits.float(), target, reduction="sum")
+            tokens += batch.num_tgt_tokens
+        loss, nll = (total / max(tokens, 1)).tolist()
+        return loss, nll
+
+    def _translate_valid(self) -> tuple[list[str], list[str], list[str]]:
+        """Greedy translations of the first `trainer.bleu_max_sentences` validation sentences,
+        detokenized, with their references and sources (file order)."""
+        t, corpus = self.cfg.trainer, self.data.valid
+        n = min(len(corpus), t.bleu_max_sentences or len(corpus))
+        hyps = [""] * n
+        for idx in eval_batches(corpus.src_lens[:n], None,
+                                t.decode_max_tokens or self.cfg.data.max_tokens):
+            batch = corpus.collate(idx).to(self.device)
+            out = greedy_search(self.model, batch.src, batch.src_valid_lens,
+                                max_len_a=t.decode_max_len_a, max_len_b=t.decode_max_len_b)
+            for i, ids in zip(idx, out):
+                hyps[i] = self.data.tokenizers.tgt.decode(ids)
+        return hyps, corpus.tgt_text[:n], corpus.src_text[:n]
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Everything needed to resume exactly or to translate: tensors and plain values."""
+        self.state.train_time = time.monotonic() - self._start_time
+        rngs = [ckpt.rng_state()]
+        if self.env.distributed:  # every rank's dropout RNG, for an exact resume
+            rngs = [None] * self.env.world_size
+            dist.all_gather_object(rngs, ckpt.rng_state())
+        return {
+            "model": self.model.state_dict(),
+            "model_config": self.model.config.to_dict(),
+            "tokenizer": ckpt.tokenizers_to_state(self.data.tokenizers),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "train_state": asdict(self.state),
+            "rng": rngs,
+            "config": self.cfg.to_dict(),
+        }
+
+    def save(self, best: bool = False, numbered: bool = False) -> None:
+        """Write checkpoint_last.pt (and best / numbered copies) atomically; rank 0 only,
+        but every rank must call it (the RNG states are gathered)."""
+        state = self.checkpoint_state()
+        if not self.env.is_main:
+            return
+        last = self.ckpt_dir / ckpt.LAST
+        ckpt.save_checkpoint(state, last)
+        if best:
+            ckpt.copy_checkpoint(last, self.ckpt_dir / ckpt.BEST)
+        if numbered and self.cfg.trainer.keep_last:
+            ckpt.copy_checkpoint(last, ckpt.numbered_checkpoint_path(self.ckpt_dir,
+                                                                     self.state.num_updates))
+            ckpt.prune_checkpoints(self.ckpt_dir, self.cfg.trainer.keep_last)
+
+
+class _Meter:
+    """Running sums for the log interval (plain floats: the update already synced once)."""
+
+    def __init__(self) -> None:
+        self.restart()
+        self.last_loss = self.last_lr = math.nan
+
+    def restart(self) -> None:
+        self.loss = self.gnorm = self.tokens = 0.0
+        self.updates = 0
+        self.start = time.perf_counter()
+
+    def add(self, loss: float, gnorm: float, tokens: float, lr: float) -> None:
+        self.loss += loss * tokens
+        self.gnorm += gnorm
+        self.tokens += tokens
+        self.updates += 1
+        self.last_loss, self.last_lr = loss, lr
+
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(time.perf_counter() - self.start, 1e-9)
+
+    def postfix(self) -> dict[str, str]:
+        """The progress bar's loss, learning rate and tokens/s."""
+        return {"loss": f"{self.last_loss:.3f}", "lr": f"{self.last_lr:.2e}",
+                "tok/s": f"{self.tokens_per_s():.0f}"}
+
+    def pop(self) -> dict[str, float]:
+        """The interval's averages; starts a new interval."""
+        out = {"loss": self.loss / max(self.tokens, 1.0), "lr": self.last_lr,
+               "gnorm": self.gnorm / max(self.updates, 1), "tokens_per_s": self.tokens_per_s()}
+        self.restart()
+        return out
+
+
+# ---- entry point ------------------------------------------------------------------------
+
+
+@contextmanager
+def stop_on_signals(trainer: Trainer) -> Iterator[None]:
+    """SIGINT/SIGTERM: finish the current update, save checkpoint_last.pt, return cleanly.
+    A second SIGINT stops at once (KeyboardInterrupt)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if trainer.stop_requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        trainer.stop_requested = signal.Signals(signum).name
+        log.warning("%s received: finishing the current update, then saving %s",
+                    trainer.stop_requested, trainer.ckpt_dir / ckpt.LAST)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def train(cfg: TrainConfig, run_dir: PathLike) -> TrainResult:
+    """Train (or resume) a model in `run_dir`; under torchrun, one call per rank."""
+    cfg = load_config(cfg)
+    env = init_distributed(use_cuda=cfg.trainer.device.startswith("cuda")
+                           or (cfg.trainer.device == "auto" and torch.cuda.is_available()))
+    try:
+        if env.distributed:  # Hydra's timestamped run dir could differ between ranks
+            box = [str(run_dir)]
+            dist.broadcast_object_list(box, src=0)
+            run_dir = box[0]
+        run_dir = Path(run_dir)
+        cleanup_logging = setup_logging(run_dir, env)
+        log.info("run directory %s, world size %d", run_dir, env.world_size)
+        trainer = None
+        try:
+            trainer = Trainer(cfg, run_dir, env)
+            with stop_on_signals(trainer):
+                return trainer.fit()
+        finally:
+            if trainer is not None:
+                trainer.close()
+            cleanup_logging()
+    finally:
+        if env.owns_group:
+            dist.destroy_process_group()

@@ -1,0 +1,233 @@
+"""Translator: load a checkpoint (or average several) once, translate lists of sentences.
+
+    translator = Translator.load("runs/x")          # -> runs/x/checkpoints/checkpoint_best.pt
+    translator.translate(["A man rides a bike."], beam_size=5)        # -> ["Ein Mann ..."]
+    translator.translate(lines, nbest=3)            # -> [[(text, score), ...x3], ...]
+
+Also the pieces `scripts/translate.py` is made of: lazy line reading, chunked translation of
+a stream in input order, n-best formatting and sacrebleu scoring.
+"""
+
+from __future__ import annotations
+
+import codecs
+import itertools
+import logging
+import os
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterable, Iterator, Optional, Sequence, TextIO, Union
+
+import torch
+
+from .checkpoint import (CheckpointError, average_checkpoints, load_checkpoint,
+                         model_from_checkpoint, tokenizers_from_state)
+from .data import DataError
+from .model import Transformer
+from .search import DEFAULT_ALPHA, beam_search
+from .tokenizer import EOS_ID, PAD_ID, TokenizerPair
+
+__all__ = ["Translator", "resolve_checkpoint", "iter_lines", "translate_lines",
+           "format_nbest", "bleu_report", "DEFAULT_MAX_TOKENS"]
+
+log = logging.getLogger(__name__)
+
+PathLike = Union[str, "os.PathLike[str]"]
+Scored = list[tuple[str, float]]  # an n-best list: (translation, score), best first
+DEFAULT_MAX_TOKENS = 2048  # source tokens per batch, padding included, before beam expansion
+
+
+def resolve_checkpoint(path: PathLike) -> Path:
+    """A `.pt` file as is; a run directory -> its checkpoints/checkpoint_best.pt, or
+    checkpoint_last.pt (with a warning) when there is no best one yet. The directory may
+    also be the `checkpoints` folder itself."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    folders = [path / "checkpoints", path]
+    for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
+        for folder in folders:
+            if (folder / name).is_file():
+                if name == "checkpoint_last.pt":
+                    log.warning("%s has no checkpoint_best.pt; using %s", path, folder / name)
+                return folder / name
+    raise CheckpointError(f"no checkpoint_best.pt or checkpoint_last.pt in {path}/checkpoints")
+
+
+def _device(device: Union[str, torch.device]) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class Translator:
+    """A model and its tokenizers, ready to translate raw sentences."""
+
+    def __init__(self, model: Transformer, tokenizers: TokenizerPair,
+                 device: Union[str, torch.device] = "cpu"):
+        self.device = _device(device)
+        self.model = model.to(self.device).eval()
+        self.tokenizers = tokenizers
+
+    @classmethod
+    def load(cls, checkpoint: Union[PathLike, Sequence[PathLike]],
+             device: Union[str, torch.device] = "auto") -> "Translator":
+        """Load a checkpoint file or run directory; several are averaged (same model config,
+        the first one's tokenizer). Raises CheckpointError with a one-line message."""
+        paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
+        files = [resolve_checkpoint(p) for p in paths]
+        state = load_checkpoint(files[0]) if len(files) == 1 else average_checkpoints(files)
+        name = files[0] if len(files) == 1 else f"the average of {len(files)} checkpoints"
+        try:
+            tokenizers = tokenizers_from_state(state, name)
+        except CheckpointError:
+            raise
+        except (RuntimeError, ValueError) as e:  # a corrupt SentencePiece proto
+            raise CheckpointError(f"{name} holds an unreadable tokenizer: "
+                                  f"{str(e).splitlines()[0] if str(e) else e!r}") from e
+        model = model_from_checkpoint(state, name)
+        for side, tokenizer, size in (("src", tokenizers.src, model.config.src_vocab_size),
+                                      ("tgt", tokenizers.tgt, model.config.tgt_vocab_size)):
+            if tokenizer.vocab_size != size:
+                raise CheckpointError(f"{name}: the {side} tokenizer has {tokenizer.vocab_size} "
+                                      f"pieces but the model's vocabulary is {size}")
+        return cls(model, tokenizers, device)
+
+    @property
+    def max_source_tokens(self) -> int:
+        """Source pieces the model reads at most (its position limit, minus EOS)."""
+        return self.model.config.max_positions - 1
+
+    def translate(self, lines: Sequence[str], *, beam_size: int = 5, nbest: int = 1,
+                  alpha: float = DEFAULT_ALPHA, max_tokens: int = DEFAULT_MAX_TOKENS,
+                  max_len_a: float = 1.5, max_len_b: int = 10, return_scores: bool = False,
+                  line_offset: int = 0, on_progress: Optional[Callable[[int], None]] = None,
+                  use_cache: bool = True) -> Union[list[str], list[Scored]]:
+        """Translate sentences, in input order.
+
+        Returns one string per line, or, with `nbest > 1` or `return_scores`, one n-best list
+        of (translation, score) per line (score: the length-normalised log-prob of
+        `search.beam_search`). An empty (blank) line gives "" with score 0.0 without running
+        the model. Lines are batched by length (`max_tokens` source tokens per batch,
+        padding included). `line_offset` is added to line numbers in warnings;
+        `on_progress(n)` is called as sentences are done. `use_cache=False` re-runs the
+        decoder over the whole prefix at each step (slow; for tests and benchmarks).
+        """
+        sources = self._encode(lines, line_offset)
+        results: list[Scored] = [[("", 0.0)] * nbest for _ in lines]
+        todo = sorted((i for i, ids in enumerate(sources) if ids), key=lambda i: -len(sources[i]))
+        if on_progress is not None and len(todo) < len(lines):
+            on_progress(len(lines) - len(todo))
+        for batch in _batches(todo, sources, max_tokens):
+            src, src_valid_lens = _pad([sources[i] for i in batch], self.device)
+            hyps = beam_search(self.model, src, src_valid_lens, beam_size=beam_size,
+                               nbest=nbest, alpha=alpha, max_len_a=max_len_a,
+                               max_len_b=max_len_b, use_cache=use_cache)
+            for i, sentence_hyps in zip(batch, hyps):
+                results[i] = [(self._decode(h.tokens), h.score) for h in sentence_hyps]
+            if on_progress is not None:
+                on_progress(len(batch))
+        if nbest == 1 and not return_scores:
+            return [scored[0][0] for scored in results]
+        return results
+
+    def _encode(self, lines: Sequence[str], line_offset: int) -> list[list[int]]:
+        """Source ids (pieces + EOS) per line, [] for a blank line; over-long lines are
+        truncated to the model's limit with a warning naming the line."""
+        limit = self.max_source_tokens
+        pieces = self.tokenizers.src.encode_batch([line if line.strip() else ""
+                                                   for line in lines])
+        sources = []
+        for number, ids in enumerate(pieces, line_offset + 1):
+            if len(ids) > limit:
+                log.warning("line %d has %d source tokens, more than the model's limit of %d; "
+                            "translating its first %d", number, len(ids), limit, limit)
+                ids = ids[:limit]
+            sources.append(ids + [EOS_ID] if ids else [])
+        return sources
+
+    def _decode(self, ids: list[int]) -> str:
+        """Detokenized text on one line (a generated newline byte must not split it)."""
+        return self.tokenizers.tgt.decode(ids).replace("\r", " ").replace("\n", " ")
+
+
+def _batches(order: list[int], sources: list[list[int]], max_tokens: int) -> Iterator[list[int]]:
+    """Consecutive runs of `order` (longest first) of at most `max_tokens` padded tokens."""
+    batch: list[int] = []
+    for i in order:
+        longest = len(sources[batch[0]]) if batch else len(sources[i])
+        if batch and (len(batch) + 1) * longest > max_tokens:
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
+def _pad(sources: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> src (batch, longest) padded with PAD, src_valid_lens (batch,)."""
+    longest = max(map(len, sources))
+    src = torch.tensor([ids + [PAD_ID] * (longest - len(ids)) for ids in sources])
+    return src.to(device), torch.tensor([len(ids) for ids in sources], device=device)
+
+
+# ---- streams, as used by scripts/translate.py ---------------------------------------------
+
+def iter_lines(stream: BinaryIO, name: str) -> Iterator[str]:
+    """The lines of a UTF-8 byte stream, read lazily, split on "\\n" only; a "\\r" before it
+    is removed, any other "\\r" becomes a space, a leading BOM is dropped (as
+    `data.read_lines`). Invalid UTF-8 raises DataError naming the line."""
+    for number, raw in enumerate(stream, 1):
+        if number == 1:
+            raw = raw.removeprefix(codecs.BOM_UTF8)
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{name}, line {number}: invalid UTF-8 (byte 0x{raw[e.start]:02x} "
+                            f"at byte {e.start + 1} of the line)") from None
+        yield line.removesuffix("\n").removesuffix("\r").replace("\r", " ")
+
+
+def format_nbest(line_number: int, scored: Scored) -> list[str]:
+    """n-best output lines: LINE_NUMBER <tab> SCORE <tab> TRANSLATION, best first."""
+    return [f"{line_number}\t{score:.4f}\t{text}" for text, score in scored]
+
+
+def translate_lines(translator: Translator, lines: Iterable[str], out: TextIO, *,
+                    chunk_lines: int = 10_000, nbest: int = 1, keep: bool = False,
+                    flush: bool = False, on_progress: Optional[Callable[[int], None]] = None,
+                    **options) -> list[str]:
+    """Translate `lines` chunk by chunk (memory stays bounded), writing each chunk's
+    translations to `out` in input order before reading the next chunk: one line per input
+    line, or `nbest` lines in `format_nbest`'s format. Returns the best translations when
+    `keep` (for scoring), else []. `options` go to `Translator.translate`."""
+    kept: list[str] = []
+    it = iter(lines)
+    start = 0
+    while chunk := list(itertools.islice(it, chunk_lines)):
+        scored = translator.translate(chunk, nbest=nbest, return_scores=True, line_offset=start,
+                                      on_progress=on_progress, **options)
+        for number, hyps in enumerate(scored, start + 1):
+            rows = format_nbest(number, hyps) if nbest > 1 else [hyps[0][0]]
+            out.write("".join(row + "\n" for row in rows))
+        if flush:
+            out.flush()
+        if keep:
+            kept.extend(hyps[0][0] for hyps in scored)
+        start += len(chunk)
+    return kept
+
+
+def bleu_report(hypotheses: Sequence[str], references: Sequence[str]) -> list[str]:
+    """sacrebleu's corpus BLEU and chrF, formatted as its command line prints them
+    (`sacrebleu REF -i HYP -m bleu chrf --format text`)."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    if len(hypotheses) != len(references):
+        raise DataError(f"the reference has {len(references)} lines but the input has "
+                        f"{len(hypotheses)}")
+    report = []
+    for metric in (BLEU(), CHRF()):
+        score = metric.corpus_score(list(hypotheses), [list(references)])
+        report.append(score.format(width=1, signature=str(metric.get_signature())))
+    align = max(line.index("=") for line in report)  # the CLI aligns the "=" signs
+    return [line.rjust(len(line) + align - line.index("=")) for line in report]

@@ -1,0 +1,116 @@
+"""Training configuration: Hydra composition of configs/ onto the typed schema, fail-fast
+validation naming the key, presets."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from transformer.config import (CONFIG_DIR, ModelSettings, OptimConfig, TrainConfig,
+                                TrainerConfig, compose_config)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_default_is_the_multi30k_tiny_recipe():
+    cfg = compose_config()
+    assert isinstance(cfg, TrainConfig)
+    m = cfg.model
+    assert (m.name, m.num_hiddens, m.ffn_num_hiddens, m.num_heads, m.num_encoder_layers,
+            m.num_decoder_layers, m.dropout, m.attention_dropout) == ("tiny", 128, 256, 4, 4, 4,
+                                                                      0.3, 0.0)
+    o = cfg.optim
+    assert (o.name, o.lr, list(o.betas), o.warmup_updates, o.schedule, o.label_smoothing) == (
+        "adam", 0.005, [0.9, 0.98], 2000, "inverse_sqrt", 0.1)
+    assert cfg.data.name == "multi30k" and cfg.data.joint_vocab and cfg.data.max_tokens == 4096
+    assert cfg.trainer.max_updates == 8000
+
+
+@pytest.mark.parametrize("name, dims", [
+    ("tiny", (128, 256, 4, 4, 4, 0.3)),
+    ("small", (256, 1024, 4, 3, 3, 0.1)),
+    ("base", (512, 2048, 8, 6, 6, 0.1)),
+    ("big", (1024, 4096, 16, 6, 6, 0.3)),
+])
+def test_model_presets(name, dims):
+    m = compose_config([f"model={name}"]).model
+    assert m.name == name
+    assert (m.num_hiddens, m.ffn_num_hiddens, m.num_heads, m.num_encoder_layers,
+            m.num_decoder_layers, m.dropout) == dims
+    config = m.to_model_config(1000, 1000, share_embeddings=True)
+    assert config.num_hiddens == dims[0] and config.src_vocab_size == 1000
+
+
+@pytest.mark.parametrize("group, schema", [
+    ("model", ModelSettings), ("optim", OptimConfig), ("trainer", TrainerConfig)])
+def test_yaml_files_spell_out_every_schema_key(group, schema):
+    """Each option file documents all keys of its schema, in the schema's order."""
+    for path in sorted((CONFIG_DIR / group).glob("*.yaml")):
+        assert list(OmegaConf.load(path).keys()) == [f.name for f in fields(schema)], path
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optim.lr=-1", "optim.lr must be > 0, got -1"),
+    ("optim.betas=[0.9,1.5]", "optim.betas"),
+    ("optim.label_smoothing=1.0", "optim.label_smoothing"),
+    ("optim.update_freq=0", "optim.update_freq"),
+    ("optim.name=sgd", "optim.name"),
+    ("model.num_heads=3", "model.num_heads (3) must divide model.num_hiddens (128)"),
+    ("model.dropout=1.5", "model.dropout"),
+    ("model.num_encoder_layers=0", "model.num_encoder_layers"),
+    ("trainer.max_updates=0", "trainer.max_updates"),
+    ("trainer.precision=fp8", "trainer.precision"),
+    ("trainer.device=tpu", "trainer.device"),
+    ("trainer.max_time=-5", "trainer.max_time"),
+    ("data.vocab_size=-5", "data.vocab_size"),
+    ("data.max_train_pairs=0", "data.max_train_pairs"),
+    ("data.max_len=2048", "data.max_len (2048) must be <= model.max_positions (1024)"),
+])
+def test_bad_values_fail_naming_the_key(override, message):
+    with pytest.raises(ValueError) as info:
+        compose_config([override])
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model=unknown", "model/unknown"),  # Hydra lists the available options
+    ("optim.lrr=1", "optim.lrr"),  # typo: not in the schema
+    ("optim.lr=abc", "optim.lr"),  # wrong type
+    ("trainer.max_updates=1.5", "trainer.max_updates"),
+])
+def test_unknown_names_and_wrong_types_fail_while_composing(override, message):
+    with pytest.raises(Exception) as info:
+        compose_config([override])
+    text = str(info.value) + str(info.value.__cause__)
+    assert message in text
+
+
+def test_cli_fails_fast_on_a_bad_value(tmp_path):
+    """The command line reports the key and stops before loading data or training."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/train.py"), "optim.lr=-1",
+         f"hydra.run.dir={tmp_path / 'run'}", "data.root=/nonexistent"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode != 0
+    assert "optim.lr must be > 0, got -1" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_smoke_experiment_composes_with_data_files():
+    """Experiment presets set data values, not the data option: data=files still applies."""
+    cfg = compose_config(["experiment=smoke", "data=files", "data.train_src=a.en",
+                          "data.train_tgt=a.de", "data.valid_src=v.en", "data.valid_tgt=v.de"])
+    assert cfg.data.name == "files" and cfg.data.train_src == "a.en"
+    assert cfg.data.max_train_pairs == 4000 and cfg.data.vocab_size == 1000  # from smoke
+    assert cfg.model.name == "tiny" and cfg.trainer.max_epochs == 2
+
+
+def test_command_line_overrides_beat_the_experiment():
+    cfg = compose_config(["experiment=smoke", "model=small", "optim.lr=0.0001"])
+    assert cfg.model.name == "small" and cfg.optim.lr == 0.0001

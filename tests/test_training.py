@@ -1,0 +1,261 @@
+"""The training loop end to end, on small slices of Multi30k with small models: smoke preset,
+exact resume, SIGTERM, torchrun/DDP, data=files, non-finite losses, schedule, accumulation."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer import checkpoint as ckpt
+from transformer.config import compose_config
+from transformer.tokenizer import Tokenizer
+from transformer.training import DistEnv, Trainer, TrainingError, lr_lambda, train
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN_SCRIPT = str(REPO / "scripts/train.py")
+# One thread per process: these models are too small to gain from two, and on a shared
+# machine OpenMP's spin-waiting threads made runs up to 6x slower when a core was busy.
+ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+
+
+@pytest.fixture(scope="module")
+def spm_model(multi30k_lines, tmp_path_factory) -> Path:
+    """A small joint SentencePiece model (vocab 500), shared so runs skip training one."""
+    texts = multi30k_lines("train.en.gz")[:2000] + multi30k_lines("train.de.gz")[:2000]
+    path = tmp_path_factory.mktemp("spm") / "spm500.model"
+    Tokenizer.train(texts, path, vocab_size=500)
+    return path
+
+
+@pytest.fixture
+def small(multi30k_dir, spm_model) -> list[str]:
+    """Overrides for a run of a few seconds: 300 pairs, a 2+2-layer d64 model."""
+    return [
+        f"data.root={multi30k_dir}", f"data.spm_model={spm_model}", "data.vocab_size=500",
+        "data.max_train_pairs=300", "data.max_tokens=1024",
+        "model.num_hiddens=64", "model.ffn_num_hiddens=128", "model.num_encoder_layers=2",
+        "model.num_decoder_layers=2", "model.dropout=0.3",
+        "optim.lr=0.002", "optim.warmup_updates=10",
+        "trainer.bleu_max_sentences=16", "trainer.log_every_updates=1", "trainer.keep_last=2",
+    ]
+
+
+def scalars(run_dir: Path) -> dict[str, list[float]]:
+    """TensorBoard scalars of a run, read back from its event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_smoke_experiment_learns_and_writes_the_run_directory(tmp_path, multi30k_dir):
+    cfg = compose_config([
+        "experiment=smoke", f"data.root={multi30k_dir}",
+        # The preset itself runs ~1 minute; a shorter cut of it keeps the suite fast.
+        "data.max_train_pairs=1000", "trainer.max_updates=12",
+        "trainer.validate_every_updates=6", "trainer.bleu_max_sentences=20",
+        "trainer.log_every_updates=2"])
+    result = train(cfg, tmp_path)
+
+    assert result.stop_reason == "max_updates" and result.state.num_updates == 12
+    losses = result.losses
+    assert len(losses) == 12 and all(math.isfinite(x) for x in losses)
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3, losses  # it learns
+
+    for name in ("config.yaml", "spm.model", "train.log", "checkpoints/checkpoint_last.pt",
+                 "checkpoints/checkpoint_best.pt", "checkpoints/checkpoint_6.pt",
+                 "checkpoints/checkpoint_12.pt"):
+        assert (tmp_path / name).is_file(), name
+    log_text = (tmp_path / "train.log").read_text()
+    assert log_text.count("| valid loss") == 2 and "bleu" in log_text and "tok/s" in log_text
+
+    state = ckpt.load_checkpoint(tmp_path / "checkpoints/checkpoint_last.pt")
+    assert state["train_state"]["num_updates"] == 12
+    model = ckpt.model_from_checkpoint(state)
+    assert model.config.src_vocab_size == ckpt.tokenizers_from_state(state).src.vocab_size == 1000
+    assert state["config"]["optim"]["lr"] == cfg.optim.lr == 0.002  # the smoke preset
+
+    tb = scalars(tmp_path)
+    for tag in ("train/loss", "train/lr", "train/gnorm", "train/tokens_per_s", "valid/loss",
+                "valid/nll", "valid/ppl", "valid/bleu", "valid/chrf"):
+        assert tag in tb, tag
+    assert len(tb["train/loss"]) == 6 and len(tb["valid/bleu"]) == 2
+    assert tb["train/lr"][0] < tb["train/lr"][-1]  # warming up
+
+
+def test_resume_continues_with_identical_losses(tmp_path, small):
+    """8 updates straight == 4 updates, stop, resume for 4 more: same losses (dropout on,
+    gradient accumulation, the resume point in the middle of an epoch)."""
+    common = small + ["optim.update_freq=2"]
+    straight = train(compose_config(common + ["trainer.max_updates=8"]), tmp_path / "a")
+    first = train(compose_config(common + ["trainer.max_updates=4"]), tmp_path / "b")
+    assert first.state.batches_done > 0  # stopped mid-epoch
+    second = train(compose_config(common + ["trainer.max_updates=8", "trainer.resume=true"]),
+                   tmp_path / "b")
+    assert second.state.epoch > first.state.epoch  # crossed an epoch boundary
+    assert len(straight.losses) == 8
+    assert first.losses + second.losses == straight.losses
+    a = ckpt.load_checkpoint(tmp_path / "a/checkpoints/checkpoint_last.pt")["model"]
+    b = ckpt.load_checkpoint(tmp_path / "b/checkpoints/checkpoint_last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_requires_a_checkpoint_and_the_same_model(tmp_path, small):
+    with pytest.raises(ckpt.CheckpointError, match="no .*checkpoint_last.pt"):
+        train(compose_config(small + ["trainer.resume=true"]), tmp_path)
+    train(compose_config(small + ["trainer.max_updates=1"]), tmp_path)
+    with pytest.raises(ckpt.CheckpointError, match="model.num_hiddens: checkpoint has 64"):
+        train(compose_config(small + ["trainer.max_updates=2", "model.num_hiddens=32"]),
+              tmp_path)
+
+
+def _wait_for(predicate, timeout: float, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"process exited early:\n{proc.stderr.read()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("timed out")
+        time.sleep(0.2)
+
+
+def test_sigterm_saves_checkpoint_and_resume_continues(tmp_path, small):
+    run_dir = tmp_path / "run"
+    overrides = small + ["trainer.max_updates=100000"]
+    proc = subprocess.Popen([sys.executable, TRAIN_SCRIPT, *overrides,
+                             f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=ONE_THREAD_ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = run_dir / "train.log"
+    _wait_for(lambda: log.is_file() and "| update 3 |" in log.read_text(), 120, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert "SIGTERM received" in log.read_text() and "stopped (signal)" in log.read_text()
+
+    state = ckpt.load_checkpoint(run_dir / "checkpoints/checkpoint_last.pt")
+    done = state["train_state"]["num_updates"]
+    assert done >= 3
+    result = train(compose_config(small + [f"trainer.max_updates={done + 2}"]), run_dir)
+    assert result.state.num_updates == done + 2 and len(result.losses) == 2
+    assert f"{done} updates" in log.read_text().split("resumed from")[1].splitlines()[0]
+
+
+def test_torchrun_two_cpu_processes(tmp_path, small):
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         TRAIN_SCRIPT, *small, "trainer.max_updates=3", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, env=ONE_THREAD_ENV, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log_text = (run_dir / "train.log").read_text()
+    assert "world size 2" in log_text
+    assert log_text.count("| valid loss") == 1  # rank 0 alone logs
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "checkpoint_3.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
+    state = ckpt.load_checkpoint(run_dir / "checkpoints/checkpoint_last.pt")
+    assert state["train_state"]["num_updates"] == 3
+    assert len(state["rng"]) == 2  # both ranks' RNG states, for an exact resume
+
+
+def test_smoke_experiment_with_data_files(tmp_path, multi30k_lines, small):
+    """experiment=smoke composes with data=files (the data issue's requirement)."""
+    paths = {}
+    for split, stem, n in (("train", "train", 200), ("valid", "val", 30)):
+        for side, lang in (("src", "en"), ("tgt", "de")):
+            path = tmp_path / f"{split}.{lang}"
+            path.write_text("\n".join(multi30k_lines(f"{stem}.{lang}.gz")[:n]) + "\n")
+            paths[f"data.{split}_{side}"] = path
+    overrides = [o for o in small if not o.startswith("data.root")]
+    cfg = compose_config(["experiment=smoke", "data=files", *overrides,
+                          *(f"{k}={v}" for k, v in paths.items()), "trainer.max_updates=2"])
+    assert cfg.data.name == "files" and cfg.trainer.max_epochs == 2  # from the preset
+    result = train(cfg, tmp_path / "run")
+    assert result.state.num_updates == 2
+    assert (tmp_path / "run/checkpoints/checkpoint_best.pt").is_file()
+
+
+def _nan_after(monkeypatch, bad_attempts: set[int]) -> None:
+    """Make the loss NaN on the given (0-based) update attempts."""
+    original = Trainer.batch_loss
+    attempts = {"n": 0}
+    original_step = Trainer.train_step
+
+    def train_step(self, batches):
+        out = original_step(self, batches)
+        attempts["n"] += 1
+        return out
+
+    def batch_loss(self, batch):
+        loss = original(self, batch)
+        return loss * math.nan if attempts["n"] in bad_attempts else loss
+
+    monkeypatch.setattr(Trainer, "train_step", train_step)
+    monkeypatch.setattr(Trainer, "batch_loss", batch_loss)
+
+
+def test_nonfinite_loss_skips_the_update(tmp_path, small, monkeypatch):
+    _nan_after(monkeypatch, {2})
+    result = train(compose_config(small + ["trainer.max_updates=4"]), tmp_path)
+    assert result.state.num_updates == 4 and result.state.bad_updates == 1
+    assert "non-finite loss" in (tmp_path / "train.log").read_text()
+
+
+def test_nonfinite_losses_in_a_row_stop_with_last_good_checkpoint(tmp_path, small, monkeypatch):
+    _nan_after(monkeypatch, set(range(2, 100)))
+    cfg = compose_config(small + ["trainer.max_updates=50", "trainer.validate_every_updates=2",
+                                  "trainer.max_bad_updates=3"])
+    with pytest.raises(TrainingError, match="3 updates in a row.*trainer.max_bad_updates=3"):
+        train(cfg, tmp_path)
+    state = ckpt.load_checkpoint(tmp_path / "checkpoints/checkpoint_last.pt")
+    assert state["train_state"]["num_updates"] == 2
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_inverse_sqrt_schedule_with_warmup():
+    f = lr_lambda("inverse_sqrt", 4)
+    assert [f(n) for n in range(4)] == [0.25, 0.5, 0.75, 1.0]  # linear warmup to the peak
+    assert f(15) == pytest.approx(math.sqrt(4 / 16))  # then 1/sqrt(update)
+    assert lr_lambda("constant", 4)(100) == 1.0
+
+
+def test_accumulated_batches_equal_one_big_batch(tmp_path, small):
+    """update_freq sums the losses and divides by all target tokens of the update."""
+    cfg = compose_config(small + ["model.dropout=0.0", "optim.label_smoothing=0.1"])
+    trainer = Trainer(cfg, tmp_path, DistEnv())
+    assert len(trainer.data.train) == 300  # data.max_train_pairs
+    try:
+        params = list(trainer.model.parameters())
+        initial = [p.detach().clone() for p in params]
+        grads = []
+
+        def record_and_undo_step(*_):  # keep the gradients, keep the parameters unchanged
+            grads.append([p.grad.clone() for p in params])
+            with torch.no_grad():
+                for p, p0 in zip(params, initial):
+                    p.copy_(p0)
+
+        trainer.optimizer.register_step_post_hook(record_and_undo_step)
+        trainer._start_time = time.monotonic()
+        idx = trainer.data.train_batches(1)[:2]
+        corpus = trainer.data.train
+        trainer.train_step([corpus.collate(idx[0]), corpus.collate(idx[1])])
+        trainer.train_step([corpus.collate(idx[0] + idx[1])])
+    finally:
+        trainer.close()
+    assert trainer.losses[0] == pytest.approx(trainer.losses[1], rel=1e-5)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

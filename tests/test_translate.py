@@ -1,0 +1,327 @@
+"""Translator API and scripts/translate.py: loading, line alignment, n-best, BLEU, errors.
+
+Two checkpoints are built per session: a random small model with a SentencePiece model
+trained on Multi30k (for averaging, long lines, scores), and a tiny model trained here on
+the copy task (its translations must equal its inputs, which makes alignment visible).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import logging
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from transformer.checkpoint import CheckpointError, save_checkpoint, tokenizers_to_state
+from transformer.model import ModelConfig, Transformer
+from transformer.search import beam_search, greedy_search
+from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerPair
+from transformer.translator import Translator, bleu_report, translate_lines
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "translate.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("translate_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+translate_script = _load_script()
+
+
+def save(model: Transformer, tokenizer: Tokenizer, path: Path) -> Path:
+    save_checkpoint({"model": model.state_dict(), "model_config": model.config.to_dict(),
+                     "tokenizer": tokenizers_to_state(TokenizerPair(tokenizer, tokenizer))},
+                    path)
+    return path
+
+
+# ---- fixtures -------------------------------------------------------------------------------
+
+
+
+@pytest.fixture(scope="module")
+def multi30k_small_tokenizer(multi30k_lines) -> Tokenizer:
+    texts = multi30k_lines("train.en.gz")[:300] + multi30k_lines("train.de.gz")[:300]
+    return Tokenizer.train(texts, vocab_size=400)
+
+
+def random_model(vocab: int, seed: int) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(ModelConfig(
+        src_vocab_size=vocab, tgt_vocab_size=vocab, num_hiddens=32, ffn_num_hiddens=64,
+        num_heads=4, num_encoder_layers=2, num_decoder_layers=2, max_positions=64))
+
+
+@pytest.fixture(scope="module")
+def random_runs(multi30k_small_tokenizer, tmp_path_factory) -> list[Path]:
+    """Two run directories with random models of the same shape (different weights)."""
+    runs = []
+    for seed in (0, 1):
+        run = tmp_path_factory.mktemp(f"run{seed}")
+        model = random_model(multi30k_small_tokenizer.vocab_size, seed)
+        save(model, multi30k_small_tokenizer, run / "checkpoints" / "checkpoint_best.pt")
+        runs.append(run)
+    return runs
+
+
+def copy_sentence(rng: random.Random) -> str:
+    words = ("".join(rng.choice("abcdef") for _ in range(rng.randint(1, 3)))
+             for _ in range(rng.randint(1, 4)))
+    return " ".join(words)
+
+
+@pytest.fixture(scope="module")
+def copy_checkpoint(tmp_path_factory) -> Path:
+    """A tiny model trained to copy sentences of 1-4 words over 'abcdef' (~20 s, 1 thread)."""
+    rng = random.Random(0)
+    tokenizer = Tokenizer.train([copy_sentence(rng) for _ in range(2000)], vocab_size=24,
+                                byte_fallback=False)
+    model = train_copy_model(tokenizer, rng)
+    return save(model, tokenizer, tmp_path_factory.mktemp("copy") / "copy.pt")
+
+
+def train_copy_model(tokenizer: Tokenizer, rng: random.Random, steps: int = 700) -> Transformer:
+    torch.manual_seed(0)
+    vocab = tokenizer.vocab_size
+    model = Transformer(ModelConfig(
+        src_vocab_size=vocab, tgt_vocab_size=vocab, num_hiddens=64, ffn_num_hiddens=128,
+        num_heads=4, num_encoder_layers=2, num_decoder_layers=2, dropout=0.0, max_positions=64))
+    opt = torch.optim.Adam(model.parameters(), lr=5e-3, betas=(0.9, 0.98))
+    warmup = 100  # linear warmup, then linear decay to 0: converges to (near) exact copies
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / (steps - warmup))))
+    loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID)
+    model.train()
+    for _ in range(steps):
+        seqs = [tokenizer.encode(copy_sentence(rng)) + [EOS_ID] for _ in range(64)]
+        longest = max(map(len, seqs))
+        src = torch.tensor([s + [PAD_ID] * (longest - len(s)) for s in seqs])
+        lens = torch.tensor([len(s) for s in seqs])
+        tgt_in = torch.cat([torch.full((64, 1), BOS_ID),
+                            src[:, :-1].masked_fill(src[:, :-1] == EOS_ID, PAD_ID)], 1)
+        loss = loss_fn(model(src, lens, tgt_in).flatten(0, 1), src.flatten())
+        opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def copy_translator(copy_checkpoint) -> Translator:
+    return Translator.load(copy_checkpoint, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def copy_inputs() -> list[str]:
+    rng = random.Random(123)
+    return [copy_sentence(rng) for _ in range(30)]
+
+
+# ---- the Python API -------------------------------------------------------------------------
+
+def test_copy_model_translates_its_inputs_exactly_with_beam_4(copy_translator, copy_inputs):
+    assert copy_translator.translate(copy_inputs, beam_size=4) == copy_inputs
+
+
+def test_copy_model_beam_1_is_greedy(copy_translator, copy_inputs):
+    pieces = [copy_translator.tokenizers.src.encode(line) + [EOS_ID] for line in copy_inputs]
+    longest = max(map(len, pieces))
+    src = torch.tensor([p + [PAD_ID] * (longest - len(p)) for p in pieces])
+    lens = torch.tensor([len(p) for p in pieces])
+    greedy = greedy_search(copy_translator.model, src, lens)
+    assert [h[0].tokens for h in beam_search(copy_translator.model, src, lens,
+                                             beam_size=1)] == greedy
+    assert greedy == [p[:-1] for p in pieces]
+
+
+def test_translate_returns_strings_scores_and_nbest(random_runs):
+    translator = Translator.load(random_runs[0], device="cpu")
+    lines = ["A man rides a bike.", "", "Zwei Hunde spielen im Schnee.", "   "]
+    out = translator.translate(lines, beam_size=3, max_len_b=3)
+    assert len(out) == 4 and all(isinstance(s, str) for s in out)
+    assert out[1] == "" and out[3] == ""
+    scored = translator.translate(lines, beam_size=3, max_len_b=3, return_scores=True)
+    assert [s[0][0] for s in scored] == out and all(len(s) == 1 for s in scored)
+    nbest = translator.translate(lines, beam_size=3, nbest=3, max_len_b=3, max_tokens=8)
+    assert [len(s) for s in nbest] == [3, 3, 3, 3]
+    for s in nbest:
+        assert [score for _, score in s] == sorted((score for _, score in s), reverse=True)
+    for s, t in zip(nbest, scored):  # the 1-best does not depend on nbest (nor on batching)
+        assert s[0][0] == t[0][0] and s[0][1] == pytest.approx(t[0][1], abs=1e-4)
+    assert nbest[1] == [("", 0.0)] * 3
+
+
+def test_averaging_two_checkpoints_gives_the_mean(random_runs):
+    a, b = (Translator.load(run, device="cpu").model.state_dict() for run in random_runs)
+    avg = Translator.load(random_runs, device="cpu").model.state_dict()
+    for name, value in avg.items():
+        torch.testing.assert_close(value, (a[name] + b[name]) / 2)
+
+
+def test_run_dir_falls_back_to_last_checkpoint(random_runs, tmp_path, caplog):
+    (tmp_path / "checkpoints").mkdir()
+    best = random_runs[0] / "checkpoints" / "checkpoint_best.pt"
+    (tmp_path / "checkpoints" / "checkpoint_last.pt").write_bytes(best.read_bytes())
+    with caplog.at_level(logging.WARNING):
+        Translator.load(tmp_path, device="cpu")
+    assert "no checkpoint_best.pt" in caplog.text
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no checkpoint_best.pt or checkpoint_last.pt"):
+        Translator.load(tmp_path / "empty", device="cpu")
+
+
+def test_long_line_is_truncated_with_a_warning(random_runs, caplog):
+    translator = Translator.load(random_runs[0], device="cpu")
+    long_line = " ".join(["Ein Mann fährt Fahrrad."] * 30)  # far beyond 63 source tokens
+    with caplog.at_level(logging.WARNING):
+        out = translator.translate(["Hallo.", long_line], beam_size=2, line_offset=10)
+    assert len(out) == 2
+    assert "line 12 has" in caplog.text and "limit of 63" in caplog.text
+
+
+def test_bleu_report_matches_the_sacrebleu_cli(tmp_path):
+    hyps = ["A man rides a bike .", "Two dogs play in snow.", "", "a cat"]
+    refs = ["A man is riding a bike.", "Two dogs are playing in the snow.", "Hi", "a cat"]
+    (tmp_path / "hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    (tmp_path / "ref.txt").write_text("".join(r + "\n" for r in refs), encoding="utf-8")
+    cli = subprocess.run(
+        [sys.executable, "-m", "sacrebleu", str(tmp_path / "ref.txt"), "-i",
+         str(tmp_path / "hyp.txt"), "-m", "bleu", "chrf", "--format", "text"],
+        capture_output=True, text=True, check=True)
+    assert bleu_report(hyps, refs) == cli.stdout.splitlines()
+
+
+def test_translate_lines_in_chunks_keeps_order(copy_translator, copy_inputs):
+    lines = copy_inputs[:11]
+    out = io.StringIO()
+    kept = translate_lines(copy_translator, iter(lines), out, chunk_lines=4, keep=True,
+                           beam_size=2, max_tokens=10)
+    assert out.getvalue().splitlines() == lines == kept
+
+
+# ---- scripts/translate.py ---------------------------------------------------------------------
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_script_keeps_line_alignment_with_empty_lines(copy_checkpoint, copy_inputs, tmp_path,
+                                                      capsys):
+    lines = copy_inputs[:12]
+    for i in (0, 3, 4, 9):
+        lines.insert(i, "")
+    lines.append("  ")
+    src = write_lines(tmp_path / "in.txt", lines)
+    args = ["--checkpoint", str(copy_checkpoint), "--input", str(src), "--output",
+            str(tmp_path / "out.txt"), "--beam-size", "4", "--chunk-lines", "5",
+            "--max-tokens", "12", "--device", "cpu"]
+    assert translate_script.main(args) == 0
+    out = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")
+    assert out[-1] == "" and out[:-1] == [line.strip() for line in lines]
+    assert f"{len(lines)}/{len(lines)}" in capsys.readouterr().err  # the progress bar
+
+
+def test_script_invalid_utf8_input(copy_checkpoint, tmp_path, capsys):
+    (tmp_path / "in.txt").write_bytes(b"abc\nde \xff f\n")
+    assert translate_script.main(["--checkpoint", str(copy_checkpoint), "--input",
+                                  str(tmp_path / "in.txt"), "--output",
+                                  str(tmp_path / "out.txt")]) == 1
+    assert "line 2: invalid UTF-8" in capsys.readouterr().err
+
+
+def test_script_stdin_to_stdout_with_reference(copy_checkpoint, copy_inputs, tmp_path,
+                                               monkeypatch, capsys):
+    lines = copy_inputs[:8] + [""]
+    refs = [line.replace("a", "b") for line in lines]
+    ref = write_lines(tmp_path / "ref.txt", refs)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(
+        "".join(line + "\n" for line in lines).encode())))
+    assert translate_script.main(["--checkpoint", str(copy_checkpoint), "--reference",
+                                  str(ref), "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == lines
+    hyp = write_lines(tmp_path / "hyp.txt", lines)
+    cli = subprocess.run(
+        [sys.executable, "-m", "sacrebleu", str(ref), "-i", str(hyp), "-m", "bleu", "chrf",
+         "--format", "text"], capture_output=True, text=True, check=True)
+    report = cli.stdout.splitlines()
+    assert report[0].lstrip().startswith("BLEU|nrefs:1|") and len(report) == 2
+    assert all(line in captured.err.splitlines() for line in report)
+
+
+def test_script_interactive(copy_checkpoint, copy_inputs, monkeypatch, capsys):
+    stdin = io.TextIOWrapper(io.BytesIO("".join(s + "\n" for s in copy_inputs[:3]).encode()))
+    stdin.isatty = lambda: True
+    monkeypatch.setattr(sys, "stdin", stdin)
+    assert translate_script.main(["--checkpoint", str(copy_checkpoint), "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == copy_inputs[:3]
+    assert "sent" not in captured.err  # no progress bar
+
+
+def test_script_nbest(copy_checkpoint, copy_inputs, tmp_path):
+    lines = copy_inputs[:5] + [""]
+    src = write_lines(tmp_path / "in.txt", lines)
+    assert translate_script.main(["--checkpoint", str(copy_checkpoint), "--input", str(src),
+                                  "--output", str(tmp_path / "out.txt"), "--beam-size", "4",
+                                  "--nbest", "3", "--device", "cpu"]) == 0
+    rows = [r.split("\t") for r in (tmp_path / "out.txt").read_text().splitlines()]
+    assert len(rows) == 3 * len(lines)
+    for i, line in enumerate(lines):
+        group = rows[3 * i: 3 * i + 3]
+        assert [int(n) for n, _, _ in group] == [i + 1] * 3
+        scores = [float(s) for _, s, _ in group]
+        assert scores == sorted(scores, reverse=True)
+        assert group[0][2] == line  # the copy model's best is its input
+        if line:
+            assert len({text for _, _, text in group}) == 3
+
+
+def test_script_reference_line_count_mismatch(copy_checkpoint, copy_inputs, tmp_path, capsys):
+    src = write_lines(tmp_path / "in.txt", copy_inputs[:5])
+    ref = write_lines(tmp_path / "ref.txt", copy_inputs[:4])
+    assert translate_script.main(["--checkpoint", str(copy_checkpoint), "--input", str(src),
+                                  "--reference", str(ref), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "4 lines" in err and "has 5" in err
+
+
+def test_script_bad_checkpoints_exit_1_with_one_line(random_runs, tmp_path, capsys):
+    state = torch.load(random_runs[0] / "checkpoints" / "checkpoint_best.pt", weights_only=True)
+    del state["tokenizer"]
+    save_checkpoint(state, tmp_path / "no_tokenizer.pt")
+    save_checkpoint({**state, "tokenizer": {"src": b"junk", "tgt": b"junk"}},
+                    tmp_path / "bad_tokenizer.pt")
+    for path, message in ((tmp_path / "no_tokenizer.pt", "no tokenizer"),
+                          (tmp_path / "bad_tokenizer.pt", "unreadable tokenizer"),
+                          (tmp_path / "missing.pt", "not found"),
+                          (tmp_path, "no checkpoint_best.pt")):
+        assert translate_script.main(["--checkpoint", str(path), "--input", "/dev/null"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err and err.startswith("error: ")
+
+
+def test_script_corrupt_checkpoint_exits_1(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"this is not a checkpoint" * 10)
+    result = subprocess.run([sys.executable, str(SCRIPT), "--checkpoint", str(bad)],
+                            input="Hallo\n", capture_output=True, text=True)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1 and str(bad) in result.stderr
