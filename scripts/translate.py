@@ -2,11 +2,14 @@
 
     python scripts/translate.py --checkpoint RUN_DIR_OR_PT [--input FILE] [--output FILE]
         [--beam-size 5] [--nbest 1] [--max-tokens N] [--device auto] [--reference FILE]
+        [--paper-protocol TOKENIZED_REFERENCE [--paper-lang de]]
 
 One translation per input line, in input order (an empty line gives an empty line). With
 `--nbest K`: K lines per input line, `LINE_NUMBER<TAB>SCORE<TAB>TRANSLATION`, best first.
 With `--reference`: BLEU and chrF with their signatures on stderr, as the sacrebleu CLI
-prints them. Errors (bad checkpoint, unreadable input, ...) print one line and exit 1.
+prints them. With `--paper-protocol`: BLEU as published Multi30k results compute it
+(lowercased, Moses-normalized and -tokenized, `--tokenize none`). Errors (bad checkpoint,
+unreadable input, missing sacremoses, ...) print one line and exit 1, before translating.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from transformer.checkpoint import CheckpointError
 from transformer.data import DataError, read_lines
 from transformer.search import DEFAULT_ALPHA
 from transformer.translator import (DEFAULT_MAX_TOKENS, Translator, bleu_report, iter_lines,
-                                    translate_lines)
+                                    paper_protocol, translate_lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU threads (default: torch's); on a busy shared machine 1 can be "
                         "many times faster, as decoding runs many small operations")
     p.add_argument("--reference", type=Path, help="score the translations against this file")
+    p.add_argument("--paper-protocol", type=Path, metavar="TOKENIZED_REFERENCE",
+                   help="also score as published Multi30k results do: lowercase, normalize "
+                        "punctuation and Moses-tokenize the translations (sacremoses), then "
+                        "BLEU with --tokenize none against this already processed reference, "
+                        "e.g. multi30k/tok/test_2016_flickr.lc.norm.tok.de")
+    p.add_argument("--paper-lang", help="language for --paper-protocol's normalizer and "
+                                        "tokenizer (default: the reference's file extension)")
     return p
 
 
@@ -68,11 +78,16 @@ def _count_lines(path: Path) -> int:
 
 def run(args: argparse.Namespace) -> None:
     references = read_lines(args.reference) if args.reference else None
+    paper_refs = read_lines(args.paper_protocol) if args.paper_protocol else None
     interactive = args.input is None and sys.stdin.isatty()
     total = _count_lines(args.input) if args.input else None
-    if references is not None and total is not None and total != len(references):
-        raise DataError(f"the reference {args.reference} has {len(references)} lines but the "
-                        f"input {args.input} has {total}")
+    for path, refs in ((args.reference, references), (args.paper_protocol, paper_refs)):
+        if refs is not None and total is not None and total != len(refs):
+            raise DataError(f"the reference {path} has {len(refs)} lines but the input "
+                            f"{args.input} has {total}")
+    if paper_refs is not None:
+        lang = _paper_lang(args)
+        paper_protocol([], lang)  # fails now, not after translating, if sacremoses is missing
     if args.threads:
         torch.set_num_threads(args.threads)
     translator = Translator.load(args.checkpoint, device=args.device)
@@ -87,12 +102,26 @@ def run(args: argparse.Namespace) -> None:
         hypotheses = translate_lines(
             translator, iter_lines(source, str(args.input or "<stdin>")), out,
             chunk_lines=1 if interactive else args.chunk_lines, flush=interactive,
-            keep=references is not None, on_progress=bar.update, nbest=args.nbest,
-            beam_size=args.beam_size, alpha=args.alpha, max_tokens=args.max_tokens,
-            max_len_a=args.max_len_a, max_len_b=args.max_len_b)
+            keep=references is not None or paper_refs is not None, on_progress=bar.update,
+            nbest=args.nbest, beam_size=args.beam_size, alpha=args.alpha,
+            max_tokens=args.max_tokens, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
     if references is not None:
         for line in bleu_report(hypotheses, references):
             print(line, file=sys.stderr)
+    if paper_refs is not None:
+        print(f"paper protocol (lowercased, punctuation-normalized, Moses-tokenized, {lang}):",
+              file=sys.stderr)
+        tokenized = paper_protocol(hypotheses, lang)
+        for line in bleu_report(tokenized, paper_refs, tokenize="none", chrf=False):
+            print(line, file=sys.stderr)
+
+
+def _paper_lang(args: argparse.Namespace) -> str:
+    lang = args.paper_lang or args.paper_protocol.suffix.removeprefix(".")
+    if not (lang.isalpha() and len(lang) == 2):  # an ISO 639-1 code, as Moses uses
+        raise DataError(f"cannot tell the language of {args.paper_protocol} from its extension; "
+                        f"give --paper-lang (e.g. de)")
+    return lang
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+import transformer.attention as attention_module
 from transformer.attention import (KVCache, MultiHeadAttention, masked_softmax, transpose_output,
                                    transpose_qkv)
 
@@ -96,9 +97,13 @@ def run_with_grads(fn, *inputs):
 
 
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("path", ["fused", "explicit", "auto"])
 @pytest.mark.parametrize("kind", ["none", "padding", "causal", "causal+padding"])
-def test_equals_torch_multihead_attention(bias, need_weights, kind):
+def test_equals_torch_multihead_attention(bias, path, kind, monkeypatch):
+    # auto: need_weights=False with few keys on CPU, which takes the explicit path
+    need_weights = path == "explicit"
+    if path == "fused":
+        monkeypatch.setattr(attention_module, "CPU_FUSED_MIN_KEYS", 0)
     torch.manual_seed(0)
     d, h, B, T = 32, 4, 3, 7
     ours = MultiHeadAttention(d, d, d, d, h, 0.0, bias=bias).eval()
@@ -154,7 +159,8 @@ MASK_KINDS = {
 
 @pytest.mark.parametrize("kind", sorted(MASK_KINDS))
 @pytest.mark.parametrize("self_attention", [False, True])
-def test_fused_path_equals_explicit_path(kind, self_attention):
+def test_fused_path_equals_explicit_path(kind, self_attention, monkeypatch):
+    monkeypatch.setattr(attention_module, "CPU_FUSED_MIN_KEYS", 0)  # short keys: fused too
     torch.manual_seed(0)
     d, h, B = 24, 3, 3
     K = 6

@@ -23,12 +23,13 @@ def test_default_is_the_multi30k_tiny_recipe():
     m = cfg.model
     assert (m.name, m.num_hiddens, m.ffn_num_hiddens, m.num_heads, m.num_encoder_layers,
             m.num_decoder_layers, m.dropout, m.attention_dropout) == ("tiny", 128, 256, 4, 4, 4,
-                                                                      0.3, 0.0)
+                                                                      0.1, 0.0)
     o = cfg.optim
     assert (o.name, o.lr, list(o.betas), o.warmup_updates, o.schedule, o.label_smoothing) == (
-        "adam", 0.005, [0.9, 0.98], 2000, "inverse_sqrt", 0.1)
+        "adam", 0.005, [0.9, 0.98], 1000, "inverse_sqrt", 0.1)
     assert cfg.data.name == "multi30k" and cfg.data.joint_vocab and cfg.data.max_tokens == 4096
     assert cfg.trainer.max_updates == 8000
+    assert cfg.trainer.max_time == 5300 and cfg.trainer.keep_last == 10  # 90 minutes, averaging
 
 
 @pytest.mark.parametrize("name, dims", [

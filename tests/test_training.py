@@ -3,6 +3,7 @@ exact resume, SIGTERM, torchrun/DDP, data=files, non-finite losses, schedule, ac
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import signal
@@ -16,6 +17,7 @@ import torch
 
 from transformer import checkpoint as ckpt
 from transformer.config import compose_config
+from transformer.plots import bleu_vs_time
 from transformer.tokenizer import Tokenizer
 from transformer.training import DistEnv, Trainer, TrainingError, lr_lambda, train
 
@@ -26,6 +28,16 @@ TRAIN_SCRIPT = str(REPO / "scripts/train.py")
 # One thread per process: these models are too small to gain from two, and on a shared
 # machine OpenMP's spin-waiting threads made runs up to 6x slower when a core was busy.
 ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _load_plot_script():
+    spec = importlib.util.spec_from_file_location("plot_curves", REPO / "scripts/plot_curves.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+plot_curves_script = _load_plot_script()
 
 
 
@@ -94,6 +106,13 @@ def test_smoke_experiment_learns_and_writes_the_run_directory(tmp_path, multi30k
         assert tag in tb, tag
     assert len(tb["train/loss"]) == 6 and len(tb["valid/bleu"]) == 2
     assert tb["train/lr"][0] < tb["train/lr"][-1]  # warming up
+
+    minutes, bleu = bleu_vs_time(tmp_path)  # the README's BLEU-vs-time plot reads these
+    assert bleu == tb["valid/bleu"] and len(minutes) == 2 and 0 < minutes[0] < minutes[1]
+    png = tmp_path / "plot" / "bleu.png"
+    assert plot_curves_script.main([str(tmp_path), "-o", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert plot_curves_script.main([str(tmp_path / "plot"), "-o", str(png)]) == 1  # no logs
 
 
 def test_resume_continues_with_identical_losses(tmp_path, small):

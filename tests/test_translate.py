@@ -23,7 +23,7 @@ from transformer.checkpoint import CheckpointError, save_checkpoint, tokenizers_
 from transformer.model import ModelConfig, Transformer
 from transformer.search import beam_search, greedy_search
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerPair
-from transformer.translator import Translator, bleu_report, translate_lines
+from transformer.translator import Translator, bleu_report, paper_protocol, translate_lines
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -206,6 +206,33 @@ def test_bleu_report_matches_the_sacrebleu_cli(tmp_path):
     assert bleu_report(hyps, refs) == cli.stdout.splitlines()
 
 
+@pytest.mark.parametrize("lang", ["de", "en", "fr"])
+def test_paper_protocol_reproduces_the_datasets_tokenized_references(multi30k_dir, multi30k_lines,
+                                                                     lang):
+    """Our lowercase + sacremoses pipeline against the dataset's own Perl-made files."""
+    for split in ("test_2016_flickr", "val"):
+        raw = multi30k_lines(f"{split}.{lang}.gz")
+        tok = (multi30k_dir / "tok" / f"{split}.lc.norm.tok.{lang}").read_text(
+            encoding="utf-8").split("\n")[:-1]
+        ours = paper_protocol(raw, lang)
+        same = sum(a == b.strip() for a, b in zip(ours, tok))
+        assert len(ours) == len(tok) and same >= len(tok) - 2, f"{split}.{lang}: {same} same"
+    assert paper_protocol(['Ein "Mann" fährt.'], "de") == ["ein &quot; mann &quot; fährt ."]
+
+
+def test_paper_protocol_bleu_matches_the_sacrebleu_cli_tokenize_none(tmp_path):
+    hyps = paper_protocol(["A man's bike, red.", "Two dogs play."], "en")
+    refs = ["a man &apos;s red bike .", "two dogs are playing ."]
+    (tmp_path / "hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    (tmp_path / "ref.txt").write_text("".join(r + "\n" for r in refs), encoding="utf-8")
+    cli = subprocess.run(
+        [sys.executable, "-m", "sacrebleu", str(tmp_path / "ref.txt"), "-i",
+         str(tmp_path / "hyp.txt"), "-m", "bleu", "--tokenize", "none", "--format", "text"],
+        capture_output=True, text=True, check=True)
+    report = bleu_report(hyps, refs, tokenize="none", chrf=False)
+    assert report == cli.stdout.splitlines() and "tok:none" in report[0]
+
+
 def test_translate_lines_in_chunks_keeps_order(copy_translator, copy_inputs):
     lines = copy_inputs[:11]
     out = io.StringIO()
@@ -263,6 +290,22 @@ def test_script_stdin_to_stdout_with_reference(copy_checkpoint, copy_inputs, tmp
     report = cli.stdout.splitlines()
     assert report[0].lstrip().startswith("BLEU|nrefs:1|") and len(report) == 2
     assert all(line in captured.err.splitlines() for line in report)
+
+
+def test_script_paper_protocol(copy_checkpoint, copy_inputs, tmp_path, capsys):
+    src = write_lines(tmp_path / "in.txt", copy_inputs[:8])
+    ref = write_lines(tmp_path / "ref.tok.en", paper_protocol(copy_inputs[:8], "en"))
+    args = ["--checkpoint", str(copy_checkpoint), "--input", str(src), "--output",
+            str(tmp_path / "out.txt"), "--device", "cpu", "--paper-protocol", str(ref)]
+    assert translate_script.main(args) == 0
+    err = capsys.readouterr().err.splitlines()
+    i = err.index("paper protocol (lowercased, punctuation-normalized, Moses-tokenized, en):")
+    assert err[i + 1].startswith("BLEU|nrefs:1|case:mixed|eff:no|tok:none|")
+    assert err[i + 1].split(" = ")[1].startswith("100.0 ")
+    bad = write_lines(tmp_path / "ref.tok", paper_protocol(copy_inputs[:8], "en"))
+    assert translate_script.main(args[:-1] + [str(bad)]) == 1
+    assert "give --paper-lang" in capsys.readouterr().err
+    assert translate_script.main(args[:-1] + [str(bad), "--paper-lang", "en"]) == 0
 
 
 def test_script_interactive(copy_checkpoint, copy_inputs, monkeypatch, capsys):

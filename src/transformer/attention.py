@@ -10,8 +10,13 @@ unchanged. On top of it, as keyword-only arguments of `MultiHeadAttention.forwar
 * `need_weights=True` to keep the attention weights (explicit path, as in the book);
 * `cache=KVCache(...)` for incremental decoding.
 
+For looking inside the heads (`transformer.heads`): the `head_mask` attribute scales each
+head's output before W_o (0 silences a head; a gate that requires grad gives the loss's
+gradient per head, as in Michel et al., 2019), and `prune_heads` removes heads for good.
+
 Without weights requested, attention runs through PyTorch's fused
-`scaled_dot_product_attention` (SDPA) with the same masking semantics.
+`scaled_dot_product_attention` (SDPA) with the same masking semantics, except on CPU with
+fewer than `CPU_FUSED_MIN_KEYS` keys, where the explicit path is faster.
 
 Masks are boolean throughout (True = may attend); masked scores get the dtype's minimum,
 never a literal like -1e9 that overflows in fp16. A query with no key it may attend to
@@ -22,11 +27,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .ops import Dropout
 
 __all__ = [
     "masked_softmax",
@@ -150,7 +157,7 @@ class DotProductAttention(nn.Module):
 
     def __init__(self, dropout: float, **kwargs):
         super().__init__(**kwargs)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.attention_weights: Optional[Tensor] = None
 
     def forward(
@@ -200,6 +207,12 @@ class KVCache:
             self.values = self.values.index_select(0, index)
 
 
+# PyTorch's fused CPU kernel loses to two bmm's when there are few keys (forward+backward,
+# 4,096 tokens, 4 heads of 32: 16 keys 2.0x slower, 32 keys 1.4x, 64 keys 0.9x, 128 keys
+# 0.7x), so on CPU shorter attention takes the explicit path. Multi30k sentences are ~15.
+CPU_FUSED_MIN_KEYS = 48
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention, the book's PyTorch API plus masks, a fast path and a cache."""
 
@@ -220,6 +233,12 @@ class MultiHeadAttention(nn.Module):
                 f"num_hiddens ({num_hiddens}) must be divisible by num_heads ({num_heads})"
             )
         self.num_heads = num_heads
+        self.head_dim = num_hiddens // num_heads  # fixed: pruning removes whole heads
+        self.pruned_heads: set[int] = set()  # original indices of the heads pruned away
+        # None, or (num_heads,) or (batch, num_heads): each head's output is multiplied by
+        # its entry before W_o. Set by `transformer.heads`; None costs nothing. A per-example
+        # mask is for teacher-forced passes (beam search reorders and drops batch rows).
+        self.head_mask: Optional[Tensor] = None
         self.attention = DotProductAttention(dropout)
         self.W_q = nn.Linear(query_size, num_hiddens, bias=bias)
         self.W_k = nn.Linear(key_size, num_hiddens, bias=bias)
@@ -232,6 +251,37 @@ class MultiHeadAttention(nn.Module):
         """The last weights per head, (batch, num_heads, queries, keys), for plotting."""
         w = self.attention.attention_weights
         return None if w is None else w.unflatten(0, (-1, self.num_heads))
+
+    @property
+    def head_ids(self) -> list[int]:
+        """The original index of each remaining head, in order (0..num_heads-1 unpruned)."""
+        return sorted(set(range(self.num_heads + len(self.pruned_heads))) - self.pruned_heads)
+
+    def prune_heads(self, heads: Iterable[int]) -> None:
+        """Remove `heads` (original indices; already pruned ones are ignored) for good:
+        their rows of W_q, W_k, W_v (and biases) and their columns of W_o go, so the layer
+        computes what it computed with those heads' `head_mask` at 0 (up to rounding), faster.
+        At least one head must remain."""
+        head_ids = self.head_ids
+        total = len(head_ids) + len(self.pruned_heads)
+        heads = set(heads) - self.pruned_heads
+        bad = sorted(h for h in heads if not 0 <= h < total)
+        if bad:
+            raise ValueError(f"no heads {bad}: this layer has heads 0..{total - 1}")
+        keep = [i for i, h in enumerate(head_ids) if h not in heads]  # current positions
+        if not keep:
+            raise ValueError(f"cannot prune all {len(head_ids)} remaining heads of a layer")
+        if not heads:
+            return
+        # Feature j of the projections belongs to head j // head_dim.
+        index = (torch.tensor(keep)[:, None] * self.head_dim
+                 + torch.arange(self.head_dim)).flatten().to(self.W_q.weight.device)
+        self.W_q, self.W_k, self.W_v = (_select_features(W, index, dim=0)
+                                        for W in (self.W_q, self.W_k, self.W_v))
+        self.W_o = _select_features(self.W_o, index, dim=1)
+        self.num_heads = len(keep)
+        self.pruned_heads |= heads
+        self.head_mask = None  # it described the old heads
 
     def forward(
         self,
@@ -264,14 +314,18 @@ class MultiHeadAttention(nn.Module):
             valid_lens=valid_lens, key_padding_mask=key_padding_mask,
             causal=causal, device=q.device,
         )  # (batch or 1, 1, q or 1, k) or None
-        if need_weights:
+        if need_weights or (q.device.type == "cpu" and num_keys < CPU_FUSED_MIN_KEYS):
             output = self._explicit_attention(q, k, v, mask)
+            if not need_weights:
+                self.attention.attention_weights = None
         else:
             self.attention.attention_weights = None
             # Plain causal self-attention: SDPA builds the causal mask inside its kernel.
             plain_causal = (causal and valid_lens is None and key_padding_mask is None
                             and num_queries == num_keys)
             output = self._fused_attention(q, k, v, None if plain_causal else mask, plain_causal)
+        if self.head_mask is not None:  # (num_heads,) or (batch, num_heads)
+            output = output * self.head_mask.to(output).view(-1, self.num_heads, 1, 1)
         return self.W_o(_merge_heads(output))  # (batch, q, num_hiddens)
 
     def _project(
@@ -330,3 +384,16 @@ class MultiHeadAttention(nn.Module):
         output = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p)
         return output.masked_fill(~has_key, 0.0)
+
+
+def _select_features(linear: nn.Linear, index: Tensor, dim: int) -> nn.Linear:
+    """A copy of `linear` keeping only output features (dim=0) or input features (dim=1)
+    `index`; the bias belongs to the outputs, so it is kept whole for dim=1."""
+    weight = linear.weight.detach().index_select(dim, index)  # (out, in), one side smaller
+    out = nn.Linear(weight.shape[1], weight.shape[0], bias=linear.bias is not None,
+                    device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        out.weight.copy_(weight)
+        if linear.bias is not None:
+            out.bias.copy_(linear.bias if dim == 1 else linear.bias.index_select(0, index))
+    return out

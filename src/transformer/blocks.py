@@ -12,6 +12,7 @@ from typing import Callable, Optional
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
+from .ops import Dropout
 
 __all__ = ["PositionWiseFFN", "AddNorm", "EncoderBlock", "DecoderBlock", "LayerCache"]
 
@@ -34,7 +35,7 @@ class AddNorm(nn.Module):
 
     def __init__(self, num_hiddens: int, dropout: float, norm_first: bool = False):
         super().__init__()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.ln = nn.LayerNorm(num_hiddens)
         self.norm_first = norm_first
 

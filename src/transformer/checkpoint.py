@@ -139,8 +139,9 @@ def check_model_config(state: dict, expected: ModelConfig, path: PathLike = "che
     """Raise CheckpointError naming every model key whose value differs from `expected`."""
     saved = state["model_config"]
     want = expected.to_dict()
-    diffs = [f"model.{k}: checkpoint has {saved.get(k)!r}, config asks for {want[k]!r}"
-             for k in want if saved.get(k) != want[k]]
+    keys = list(want) + [k for k in saved if k not in want]  # e.g. pruned_heads on one side
+    diffs = [f"model.{k}: checkpoint has {saved.get(k)!r}, config asks for {want.get(k)!r}"
+             for k in keys if saved.get(k) != want.get(k)]
     if diffs:
         raise CheckpointError(f"{path} does not match the requested model: " + "; ".join(diffs))
 
@@ -172,8 +173,9 @@ def tokenizers_from_state(state: dict, path: PathLike = "checkpoint") -> Tokeniz
 def average_checkpoints(paths: Sequence[PathLike]) -> dict:
     """Average the model parameters of several checkpoints of the same model.
 
-    The result keeps the first checkpoint's model config and tokenizer and drops the
-    training state (optimizer, counters): it is for translation, not for resuming.
+    The result keeps the first checkpoint's model config, tokenizer and training config (the
+    language pair, for tools that read it) and drops the training state (optimizer,
+    counters): it is for translation, not for resuming.
     """
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint")
@@ -191,4 +193,4 @@ def average_checkpoints(paths: Sequence[PathLike]) -> dict:
              for k, v in total.items()}
     return {"format_version": FORMAT_VERSION, "model": model,
             "model_config": first["model_config"], "tokenizer": first.get("tokenizer"),
-            "averaged_from": [str(p) for p in paths]}
+            "config": first.get("config"), "averaged_from": [str(p) for p in paths]}

@@ -6,19 +6,21 @@
 
 The model is built from a `ModelConfig`, which travels with the weights in checkpoints
 (`config.to_dict()` / `ModelConfig.from_dict`), so a saved model can be rebuilt without the
-training configuration.
+training configuration. That includes attention heads removed by `Transformer.prune_heads`
+(`ModelConfig.pruned_heads`, as HuggingFace's `pruned_heads`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Optional
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Iterable, Optional
 
 import torch
 from torch import Tensor, nn
 
 from .blocks import DecoderBlock, EncoderBlock, LayerCache
+from .ops import Dropout
 
 __all__ = ["ModelConfig", "PositionalEncoding", "TransformerEncoder", "TransformerDecoder",
            "Transformer"]
@@ -42,6 +44,9 @@ class ModelConfig:
     tie_output: bool = True  # target embedding == output projection
     max_positions: int = 1024
     pad_id: int = 0
+    # Heads removed after training: attention module name (see `attention_names`) ->
+    # sorted original head indices. Written to checkpoints only when not empty.
+    pruned_heads: dict[str, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -66,9 +71,38 @@ class ModelConfig:
                 f"{self.src_vocab_size} != tgt_vocab_size={self.tgt_vocab_size}")
         if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
             raise ValueError(f"model.pad_id must be a valid token id, got {self.pad_id}")
+        self._validate_pruned_heads()
+
+    def _validate_pruned_heads(self) -> None:
+        if not isinstance(self.pruned_heads, dict):
+            raise ValueError(f"model.pruned_heads must be a dict, got {self.pruned_heads!r}")
+        names = self.attention_names()
+        for name, heads in self.pruned_heads.items():
+            if name not in names:
+                raise ValueError(f"model.pruned_heads: {name!r} is not an attention module "
+                                 f"of this model (e.g. {names[0]!r})")
+            if (not isinstance(heads, list) or not heads
+                    or not all(isinstance(h, int) and not isinstance(h, bool) for h in heads)
+                    or heads != sorted(set(heads)) or not 0 <= heads[0] <= heads[-1]
+                    < self.num_heads):
+                raise ValueError(f"model.pruned_heads[{name!r}] must be a sorted list of "
+                                 f"distinct head indices in [0, {self.num_heads}), got {heads!r}")
+            if len(heads) == self.num_heads:
+                raise ValueError(f"model.pruned_heads[{name!r}] removes every head; at "
+                                 "least one must remain")
+
+    def attention_names(self) -> list[str]:
+        """The MultiHeadAttention modules' names (as in `named_modules()`): encoder
+        self-attention, decoder self-attention, then encoder-decoder attention, by layer."""
+        return ([f"encoder.blks.{i}.attention" for i in range(self.num_encoder_layers)]
+                + [f"decoder.blks.{i}.attention1" for i in range(self.num_decoder_layers)]
+                + [f"decoder.blks.{i}.attention2" for i in range(self.num_decoder_layers)])
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if not self.pruned_heads:  # unpruned checkpoints stay as before the field existed
+            del d["pruned_heads"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
@@ -85,7 +119,7 @@ class PositionalEncoding(nn.Module):
 
     def __init__(self, num_hiddens: int, dropout: float, max_len: int = 1024):
         super().__init__()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         position = torch.arange(max_len, dtype=torch.float32)[:, None]  # (max_len, 1)
         div = torch.pow(10000, torch.arange(0, num_hiddens, 2, dtype=torch.float32) / num_hiddens)
         P = torch.zeros(1, max_len, num_hiddens)
@@ -166,6 +200,8 @@ class Transformer(nn.Module):
                          nn.Embedding(c.tgt_vocab_size, c.num_hiddens, padding_idx=c.pad_id))
         self.encoder = TransformerEncoder(c, src_embedding)
         self.decoder = TransformerDecoder(c, tgt_embedding)
+        for name, heads in c.pruned_heads.items():
+            self.get_submodule(name).prune_heads(heads)
         self.output_projection = nn.Linear(c.num_hiddens, c.tgt_vocab_size, bias=False)
         self.reset_parameters()
         if c.tie_output:
@@ -183,6 +219,21 @@ class Transformer(nn.Module):
                 nn.init.normal_(module.weight, std=self.config.num_hiddens ** -0.5)
                 with torch.no_grad():
                     module.weight[self.config.pad_id].zero_()
+
+    def prune_heads(self, heads: dict[str, Iterable[int]]) -> None:
+        """Remove attention heads for good: {module name: original head indices}, e.g.
+        {"decoder.blks.0.attention2": [1, 3]}. `config.pruned_heads` records them, so a
+        checkpoint of the pruned model rebuilds its smaller shapes by itself."""
+        pruned = {name: set(hs) for name, hs in self.config.pruned_heads.items()}
+        for name, hs in heads.items():
+            pruned[name] = pruned.get(name, set()) | {int(h) for h in hs}
+        order = {name: i for i, name in enumerate(self.config.attention_names())}
+        names = sorted((n for n in pruned if pruned[n]), key=lambda n: order.get(n, -1))
+        # replace() validates (names, indices, a head left per layer) before anything changes.
+        config = replace(self.config, pruned_heads={n: sorted(pruned[n]) for n in names})
+        for name, hs in heads.items():
+            self.get_submodule(name).prune_heads(hs)
+        self.config = config
 
     def num_parameters(self) -> int:
         """Trainable parameters; a matrix shared by several layers counts once."""

@@ -5,8 +5,9 @@ validation BLEU -> best checkpoint / early stopping, exact resume, DistributedDa
 
 One update = `optim.update_freq` batches; their summed loss is divided by the number of target
 tokens of the whole update on all ranks (as fairseq does), so gradient accumulation and more
-GPUs only change the batch size. Everything else is PyTorch's own: `CrossEntropyLoss`
-(label smoothing, padding ignored), `LambdaLR`, `torch.amp`, `clip_grad_norm_`, DDP with
+GPUs only change the batch size. The loss is `ops.label_smoothed_cross_entropy` over the
+real target tokens (the same value as `CrossEntropyLoss(label_smoothing=...)`, faster on
+CPU); everything else is PyTorch's own: `LambdaLR`, `torch.amp`, `clip_grad_norm_`, DDP with
 `no_sync()` while accumulating.
 
 The run directory holds `config.yaml` (resolved), `spm.model`, `checkpoints/`, TensorBoard
@@ -39,9 +40,11 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from . import checkpoint as ckpt
+from . import heads
 from .config import TrainConfig, load_config
 from .data import Batch, Data, eval_batches, load_data
 from .model import Transformer
+from .ops import label_smoothed_cross_entropy
 from .search import greedy_search
 from .tokenizer import PAD_ID
 
@@ -229,8 +232,6 @@ class Trainer:
             self.optimizer, lr_lambda(cfg.optim.schedule, cfg.optim.warmup_updates))
         self.scaler = (torch.amp.GradScaler(self.device.type)
                        if self.amp_dtype == torch.float16 else None)
-        self.criterion = nn.CrossEntropyLoss(ignore_index=PAD_ID, reduction="sum",
-                                             label_smoothing=cfg.optim.label_smoothing)
         self.state = TrainState()
         torch.manual_seed(cfg.seed + env.rank)  # dropout differs between ranks
         if resume is not None:
@@ -395,6 +396,10 @@ class Trainer:
                                       output_mask=mask)  # (N, V)
             return self.criterion(logits, batch.tgt_out[mask])
 
+    def criterion(self, logits: Tensor, target: Tensor) -> Tensor:
+        """Label-smoothed cross-entropy summed over the (real) target tokens."""
+        return label_smoothed_cross_entropy(logits, target, self.cfg.optim.label_smoothing)
+
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
                               enabled=self.amp_dtype is not None)
@@ -493,7 +498,8 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Loss/perplexity on the validation set and BLEU/chrF of greedy translations."""
+        """Loss/perplexity on the validation set and BLEU/chrF of greedy translations; with
+        TensorBoard, also the encoder-decoder attention of the first validation sentence."""
         start = time.perf_counter()
         # Validation is random-free, but fork anyway so it can never shift dropout masks.
         devices = [self.device] if self.device.type == "cuda" else []
@@ -501,6 +507,9 @@ class Trainer:
             self.model.eval()
             loss, nll = self._valid_loss()
             hyps, refs, srcs = self._translate_valid()
+            attention = (heads.encoder_decoder_figure(self.model, self.data.tokenizers,
+                                                      srcs[0], refs[0])
+                         if self.writer is not None and srcs else None)  # one fixed sentence
             self.model.train()
         bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
         chrf = sacrebleu.corpus_chrf(hyps, [refs]).score
@@ -510,6 +519,10 @@ class Trainer:
             step = self.state.num_updates
             for key in ("loss", "nll", "ppl", "bleu", "chrf"):
                 self.writer.add_scalar(f"valid/{key}", metrics[key], step)
+            # Training time so far (resumes included), for BLEU-vs-time plots.
+            self.writer.add_scalar("valid/train_time", time.monotonic() - self._start_time, step)
+            if attention is not None:
+                self.writer.add_figure("valid/encoder_decoder_attention", attention, step)
             k = self.cfg.trainer.num_samples
             if k:
                 rows = [f"| {s} | {r} | {h} |" for s, r, h in zip(srcs[:k], refs[:k], hyps[:k])]

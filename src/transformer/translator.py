@@ -27,7 +27,7 @@ from .search import DEFAULT_ALPHA, beam_search
 from .tokenizer import EOS_ID, PAD_ID, TokenizerPair
 
 __all__ = ["Translator", "resolve_checkpoint", "iter_lines", "translate_lines",
-           "format_nbest", "bleu_report", "DEFAULT_MAX_TOKENS"]
+           "format_nbest", "bleu_report", "paper_protocol", "DEFAULT_MAX_TOKENS"]
 
 log = logging.getLogger(__name__)
 
@@ -217,17 +217,34 @@ def translate_lines(translator: Translator, lines: Iterable[str], out: TextIO, *
     return kept
 
 
-def bleu_report(hypotheses: Sequence[str], references: Sequence[str]) -> list[str]:
-    """sacrebleu's corpus BLEU and chrF, formatted as its command line prints them
-    (`sacrebleu REF -i HYP -m bleu chrf --format text`)."""
+def bleu_report(hypotheses: Sequence[str], references: Sequence[str], *,
+                tokenize: str = "13a", chrf: bool = True) -> list[str]:
+    """sacrebleu's corpus BLEU (and chrF), formatted as its command line prints them
+    (`sacrebleu REF -i HYP -m bleu chrf --format text [--tokenize none]`)."""
     from sacrebleu.metrics import BLEU, CHRF
 
     if len(hypotheses) != len(references):
         raise DataError(f"the reference has {len(references)} lines but the input has "
                         f"{len(hypotheses)}")
     report = []
-    for metric in (BLEU(), CHRF()):
+    for metric in (BLEU(tokenize=tokenize), CHRF()) if chrf else (BLEU(tokenize=tokenize),):
         score = metric.corpus_score(list(hypotheses), [list(references)])
         report.append(score.format(width=1, signature=str(metric.get_signature())))
     align = max(line.index("=") for line in report)  # the CLI aligns the "=" signs
     return [line.rjust(len(line) + align - line.index("=")) for line in report]
+
+
+def paper_protocol(lines: Iterable[str], lang: str) -> list[str]:
+    """Lowercase, normalize punctuation and Moses-tokenize `lines` as the Multi30k dataset's
+    own pipeline does (`lowercase.perl | normalize-punctuation.perl -l LANG |
+    tokenizer.perl -l LANG`, here through sacremoses). Published Multi30k results (e.g. Wu et
+    al. 2021) score such hypotheses against the dataset's `tok/*.lc.norm.tok.LANG` references
+    with `sacrebleu --tokenize none`; our standard remains cased detokenized sacreBLEU."""
+    try:
+        from sacremoses import MosesPunctNormalizer, MosesTokenizer
+    except ImportError:
+        raise DataError("the paper protocol needs sacremoses: pip install sacremoses "
+                        "(or the package's [paper] extra)") from None
+    normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+    return [tokenizer.tokenize(normalizer.normalize(line.lower()), return_str=True, escape=True)
+            for line in lines]

@@ -1,0 +1,66 @@
+"""Training curves from a run's TensorBoard logs, as PNG (matplotlib, Agg backend).
+
+    python scripts/plot_curves.py runs/ende runs/deen --labels en-de de-en -o docs/bleu.png
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+__all__ = ["read_scalars", "bleu_vs_time", "plot_bleu_vs_time"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def read_scalars(run_dir: PathLike, tag: str) -> dict[int, float]:
+    """{step: value} of one scalar tag over all event files of a run (a resumed run writes
+    several; a later value for the same step wins)."""
+    files = sorted(Path(run_dir).glob("events.out.tfevents.*"), key=os.path.getmtime)
+    if not files:
+        raise FileNotFoundError(f"no TensorBoard event files in {run_dir}")
+    values: dict[int, float] = {}
+    for f in files:
+        acc = EventAccumulator(str(f), size_guidance={"scalars": 0}).Reload()
+        if tag in acc.Tags()["scalars"]:
+            values.update((e.step, e.value) for e in acc.Scalars(tag))
+    return values
+
+
+def bleu_vs_time(run_dir: PathLike) -> tuple[list[float], list[float]]:
+    """(training minutes, validation BLEU) at each validation of a run, from the
+    `valid/train_time` and `valid/bleu` scalars the trainer logs."""
+    bleu, seconds = read_scalars(run_dir, "valid/bleu"), read_scalars(run_dir, "valid/train_time")
+    steps = sorted(set(bleu) & set(seconds))
+    if not steps:
+        raise ValueError(f"{run_dir}: no validation with both valid/bleu and valid/train_time")
+    return [seconds[s] / 60 for s in steps], [bleu[s] for s in steps]
+
+
+def plot_bleu_vs_time(runs: Sequence[PathLike], output: PathLike,
+                      labels: Optional[Sequence[str]] = None,
+                      title: str = "Validation BLEU (greedy) vs. training time") -> None:
+    """One line per run: validation BLEU against training wall-clock minutes."""
+    labels = list(labels) if labels else [Path(r).name for r in runs]
+    if len(labels) != len(runs):
+        raise ValueError(f"{len(runs)} runs but {len(labels)} labels")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run, label in zip(runs, labels):
+        minutes, bleu = bleu_vs_time(run)
+        ax.plot(minutes, bleu, marker=".", label=label)
+    ax.set_xlabel("training time (minutes, 2 CPU cores)")
+    ax.set_ylabel("validation BLEU")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=120)
+    plt.close(fig)
