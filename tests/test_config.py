@@ -39,7 +39,7 @@ def test_default_is_the_multi30k_tiny_recipe():
     ("big", (1024, 4096, 16, 6, 6, 0.3)),
 ])
 def test_model_presets(name, dims):
-    m = compose_config([f"model={name}"]).model
+    m = compose_config([f"model={name}", "~experiment"]).model  # the preset, not the recipe's
     assert m.name == name
     assert (m.num_hiddens, m.ffn_num_hiddens, m.num_heads, m.num_encoder_layers,
             m.num_decoder_layers, m.dropout) == dims
