@@ -19,14 +19,13 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import torch
 from tqdm import tqdm
 
 from transformer.checkpoint import CheckpointError
 from transformer.data import DataError
-from transformer.heads import (add_evaluation_arguments, attention_layers, evaluation_text,
-                               format_table, head_importance, load_translator,
-                               plot_importance, write_csv)
+from transformer.heads import (add_evaluation_arguments, attention_layers, format_table,
+                               head_importance, load_for_evaluation, plot_importance,
+                               write_csv)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,13 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     try:
-        translator, state = load_translator(args.checkpoint, args.device)
-        sources, references = evaluation_text(state, data=args.data, data_root=args.data_root,
-                                              src=args.src, ref=args.ref,
-                                              max_sentences=args.max_sentences)
+        translator, state, sources, references = load_for_evaluation(args)
     except (CheckpointError, DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

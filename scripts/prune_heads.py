@@ -20,13 +20,10 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import torch
-
 from transformer.checkpoint import CheckpointError, save_checkpoint
 from transformer.data import DataError
-from transformer.heads import (add_evaluation_arguments, evaluation_text,
-                               gradient_importance, heads_to_prune, load_translator,
-                               teacher_forced_batches)
+from transformer.heads import (add_evaluation_arguments, gradient_importance, heads_to_prune,
+                               load_for_evaluation, teacher_forced_batches)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,13 +42,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if not 0.0 <= args.fraction < 1.0:
         build_parser().error("--fraction must be in [0, 1)")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     try:
-        translator, state = load_translator(args.checkpoint, args.device)
-        sources, references = evaluation_text(state, data=args.data, data_root=args.data_root,
-                                              src=args.src, ref=args.ref,
-                                              max_sentences=args.max_sentences)
+        translator, state, sources, references = load_for_evaluation(args)
     except (CheckpointError, DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 __all__ = ["AttentionLayer", "attention_layers", "recording_attention", "head_masks",
            "attention_maps", "plot_attention", "encoder_decoder_figure",
            "write_attention_maps", "load_translator", "evaluation_text",
-           "add_evaluation_arguments", "teacher_forced_batches", "validation_loss",
+           "add_evaluation_arguments", "load_for_evaluation", "teacher_forced_batches", "validation_loss",
            "gradient_importance", "HeadScore", "HeadImportance", "head_importance",
            "heads_to_prune", "format_table", "write_csv", "plot_importance"]
 
@@ -311,6 +311,19 @@ def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
     p.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+
+
+def load_for_evaluation(args: argparse.Namespace) -> tuple[Translator, dict, list[str], list[str]]:
+    """What the head scripts start with, from `add_evaluation_arguments`' options: the
+    translator, its checkpoint, and the (sources, references) to evaluate on. Sets the
+    thread count; raises CheckpointError, DataError or OSError with a one-line message."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    translator, state = load_translator(args.checkpoint, args.device)
+    sources, references = evaluation_text(state, data=args.data, data_root=args.data_root,
+                                          src=args.src, ref=args.ref,
+                                          max_sentences=args.max_sentences)
+    return translator, state, sources, references
 
 
 def teacher_forced_batches(tokenizers: TokenizerPair, sources: Sequence[str],
