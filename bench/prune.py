@@ -30,8 +30,8 @@ import sacrebleu
 import torch
 from matplotlib.figure import Figure  # saved with the Agg canvas; no pyplot, no display
 
-from transformer.heads import (evaluation_text, gradient_importance, heads_to_prune,
-                               load_translator, teacher_forced_batches)
+from transformer.evaluation import evaluation_text, load_translator
+from transformer.heads import gradient_importance, heads_to_prune, teacher_forced_batches
 from transformer.translator import Translator
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Optional
 
 from transformer.checkpoint import CheckpointError
-from transformer.heads import load_translator, write_attention_maps
+from transformer.evaluation import load_translator
+from transformer.heads import write_attention_maps
 
 
 def build_parser() -> argparse.ArgumentParser:

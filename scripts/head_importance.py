@@ -23,8 +23,8 @@ from tqdm import tqdm
 
 from transformer.checkpoint import CheckpointError
 from transformer.data import DataError
-from transformer.heads import (add_evaluation_arguments, attention_layers, format_table,
-                               head_importance, load_for_evaluation, plot_importance,
+from transformer.evaluation import add_evaluation_arguments, load_for_evaluation
+from transformer.heads import (attention_layers, format_table, head_importance, plot_importance,
                                write_csv)
 
 

@@ -22,8 +22,8 @@ from typing import Optional
 
 from transformer.checkpoint import CheckpointError, save_checkpoint
 from transformer.data import DataError
-from transformer.heads import (add_evaluation_arguments, gradient_importance, heads_to_prune,
-                               load_for_evaluation, teacher_forced_batches)
+from transformer.evaluation import add_evaluation_arguments, load_for_evaluation
+from transformer.heads import gradient_importance, heads_to_prune, teacher_forced_batches
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,5 @@
-"""Translator API and scripts/translate.py: loading, line alignment, n-best, BLEU, errors.
+"""Translator API and scripts/translate.py: loading, line alignment, n-best, BLEU, errors;
+choosing checkpoints and alpha on validation data (scripts/tune_decoding.py).
 
 Two checkpoints are built per session: a random small model with a SentencePiece model
 trained on Multi30k (for averaging, long lines, scores), and a tiny model trained here on
@@ -16,10 +17,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import sacrebleu
 import torch
 from torch import nn
 
 from transformer.checkpoint import CheckpointError, save_checkpoint, tokenizers_to_state
+from transformer.evaluation import best_trial, checkpoints_within, tune_decoding
 from transformer.model import ModelConfig, Transformer
 from transformer.search import beam_search, greedy_search
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerPair
@@ -31,14 +34,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "translate.py"
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("translate_script", SCRIPT)
+def _load_path(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-translate_script = _load_script()
+translate_script = _load_path("translate_script", SCRIPT)
 
 
 def save(model: Transformer, tokenizer: Tokenizer, path: Path) -> Path:
@@ -368,3 +371,75 @@ def test_script_corrupt_checkpoint_exits_1(tmp_path):
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1 and str(bad) in result.stderr
+
+
+# ---- choosing checkpoints and length penalty on validation data (scripts/tune_decoding.py) ----
+
+
+@pytest.fixture(scope="module")
+def copy_run(copy_checkpoint, tmp_path_factory) -> Path:
+    """A run whose checkpoints, saved after 100, 200 and 300 s of training, hold a random
+    model, the copy model, and another random model of the same shape."""
+    copy = torch.load(copy_checkpoint, weights_only=True)
+    config = ModelConfig.from_dict(copy["model_config"])
+    folder = tmp_path_factory.mktemp("copy_run") / "checkpoints"
+    for updates, seed in ((10, 1), (20, None), (30, 2)):
+        if seed is None:
+            model = copy["model"]
+        else:
+            torch.manual_seed(seed)
+            model = Transformer(config).state_dict()
+        save_checkpoint({**copy, "model": model, "train_state": {"train_time": 10.0 * updates}},
+                        folder / f"checkpoint_{updates}.pt")
+    return folder.parent
+
+
+def test_checkpoints_within_keeps_those_saved_in_time(copy_run):
+    folder = copy_run / "checkpoints"
+    assert [p.name for p in checkpoints_within(folder)] == [
+        "checkpoint_10.pt", "checkpoint_20.pt", "checkpoint_30.pt"]
+    assert [p.name for p in checkpoints_within(folder, 250)] == [
+        "checkpoint_10.pt", "checkpoint_20.pt"]
+    with pytest.raises(CheckpointError, match="within the first 50 s"):
+        checkpoints_within(folder, 50)
+
+
+def test_tune_decoding_scores_every_average_and_alpha(copy_run, copy_inputs):
+    checkpoints = checkpoints_within(copy_run / "checkpoints", 250)
+    trials = tune_decoding(checkpoints, copy_inputs, copy_inputs, lasts=[1, 2, 5],
+                           alphas=[0.5, 2.0], beam_size=2, device="cpu")
+    assert [(len(t.checkpoints), t.alpha) for t in trials] == [(1, 0.5), (1, 2.0),
+                                                                (2, 0.5), (2, 2.0)]
+    assert trials[0].checkpoints == (checkpoints[1],)
+    assert trials[0].bleu == pytest.approx(100.0) and trials[1].bleu == pytest.approx(100.0)
+    # the average with a random model is another model, and its BLEU is sacrebleu's
+    averaged = Translator.load(checkpoints, device="cpu").translate(copy_inputs, beam_size=2,
+                                                                     alpha=2.0)
+    expected = sacrebleu.corpus_bleu(averaged, [copy_inputs])
+    assert trials[3].bleu == pytest.approx(expected.score) and expected.score < 50
+    assert trials[3].brevity_penalty == pytest.approx(expected.bp)
+    assert best_trial(trials) is trials[0]  # ties go to fewer checkpoints, then the first alpha
+    with pytest.raises(CheckpointError, match="fewer than any"):
+        tune_decoding(checkpoints, copy_inputs, copy_inputs, lasts=[3], alphas=[1.0])
+
+
+def test_tune_decoding_script_writes_the_chosen_average(copy_run, copy_inputs, copy_checkpoint,
+                                                        tmp_path, capsys):
+    script = _load_path("tune_decoding", ROOT / "scripts" / "tune_decoding.py")
+    src = write_lines(tmp_path / "valid.src", copy_inputs)
+    out = tmp_path / "chosen.pt"
+    args = [str(copy_run), "-o", str(out), "--src", str(src), "--ref", str(src),
+            "--last", "1", "2", "--alpha", "1.0", "--beam-size", "2", "--device", "cpu"]
+    assert script.main(args) == 0  # all checkpoints: the newest ones are random
+    chosen = torch.load(out, weights_only=True)
+    assert chosen["averaged_from"][-1] == str(copy_run / "checkpoints" / "checkpoint_30.pt")
+    assert chosen["decoding"]["valid_bleu"] < 50
+    assert script.main(args + ["--within", "250"]) == 0  # newest in time: the copy model
+    chosen = torch.load(out, weights_only=True)
+    assert chosen["averaged_from"] == [str(copy_run / "checkpoints" / "checkpoint_20.pt")]
+    assert chosen["decoding"] == {"alpha": 1.0, "beam_size": 2, "valid_bleu": pytest.approx(100)}
+    copy = torch.load(copy_checkpoint, weights_only=True)["model"]
+    assert all(torch.equal(chosen["model"][k], v) for k, v in copy.items())
+    assert "alpha 1: validation BLEU 100.00" in capsys.readouterr().out
+    assert script.main([str(copy_run), "-o", str(out), "--within", "1"]) == 1
+    assert "within the first 1 s" in capsys.readouterr().err

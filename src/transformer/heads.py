@@ -31,7 +31,6 @@ Figures are built as `matplotlib.figure.Figure` on the Agg canvas (no pyplot, no
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
 import math
@@ -46,20 +45,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import MultiHeadAttention
-from .checkpoint import CheckpointError, load_checkpoint
-from .data import (MULTI30K_STEMS, Batch, DataError, ParallelCorpus, ParallelText, eval_batches,
-                   read_lines)
+from .data import Batch, ParallelCorpus, ParallelText, eval_batches
 from .model import Transformer
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
-from .translator import Translator, resolve_checkpoint
+from .translator import Translator
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = ["AttentionLayer", "attention_layers", "recording_attention", "head_masks",
            "attention_maps", "plot_attention", "encoder_decoder_figure",
-           "write_attention_maps", "load_translator", "evaluation_text",
-           "add_evaluation_arguments", "load_for_evaluation", "teacher_forced_batches", "validation_loss",
+           "write_attention_maps", "teacher_forced_batches", "validation_loss",
            "gradient_importance", "HeadScore", "HeadImportance", "head_importance",
            "heads_to_prune", "format_table", "write_csv", "plot_importance"]
 
@@ -258,72 +254,7 @@ def write_attention_maps(model: Transformer, tokenizers: TokenizerPair, source: 
     return paths
 
 
-# ---- evaluation data ----------------------------------------------------------------------
-
-
-def load_translator(checkpoint: PathLike, device: Union[str, torch.device] = "auto"
-                    ) -> tuple[Translator, dict]:
-    """`Translator.load` for a checkpoint file or run directory, and the checkpoint itself
-    (for its tokenizer and training config)."""
-    path = resolve_checkpoint(checkpoint)
-    return Translator.load(path, device), load_checkpoint(path)
-
-
-def evaluation_text(state: dict, *, data: str = "valid",
-                    data_root: PathLike = "../shared/data/multi30k",
-                    src: Optional[PathLike] = None, ref: Optional[PathLike] = None,
-                    max_sentences: Optional[int] = None) -> tuple[list[str], list[str]]:
-    """(sources, references): the `src`/`ref` plain-text files if given, else the Multi30k
-    split `data` ("valid" or "test") in `data_root`, in the checkpoint's language pair.
-    Only the first `max_sentences` pairs with `max_sentences`."""
-    if (src is None) != (ref is None):
-        raise DataError("give both a source file and a reference file, or neither")
-    if src is None:
-        if data not in ("valid", "test"):
-            raise DataError(f"data must be 'valid' or 'test', got {data!r}")
-        langs = (state.get("config") or {}).get("data") or {}
-        if not {"src_lang", "tgt_lang"} <= langs.keys():
-            raise CheckpointError("the checkpoint does not name its language pair "
-                                  "(config.data); give --src and --ref files")
-        stem = Path(data_root).expanduser() / MULTI30K_STEMS[data]
-        src = f"{stem}.{langs['src_lang']}.gz"
-        ref = f"{stem}.{langs['tgt_lang']}.gz"
-    if max_sentences is not None and max_sentences < 1:
-        raise DataError(f"max_sentences must be >= 1, got {max_sentences}")
-    sources, references = read_lines(src), read_lines(ref)
-    if len(sources) != len(references):
-        raise DataError(f"{src} has {len(sources)} lines but {ref} has {len(references)}")
-    if not sources:
-        raise DataError(f"{src} is empty")
-    return sources[:max_sentences], references[:max_sentences]
-
-
-def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
-    """The evaluation-data and device options of the head scripts (`evaluation_text`)."""
-    p = parser
-    p.add_argument("--data", choices=("valid", "test"), default="valid",
-                   help="Multi30k split, in the checkpoint's language pair")
-    p.add_argument("--data-root", default="../shared/data/multi30k",
-                   help="folder of the Multi30k .gz files")
-    p.add_argument("--src", type=Path, help="source file (instead of --data)")
-    p.add_argument("--ref", type=Path, help="reference file (instead of --data)")
-    p.add_argument("--max-sentences", type=int, help="use only the first N sentences")
-    p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
-    p.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
-
-
-def load_for_evaluation(args: argparse.Namespace) -> tuple[Translator, dict, list[str], list[str]]:
-    """What the head scripts start with, from `add_evaluation_arguments`' options: the
-    translator, its checkpoint, and the (sources, references) to evaluate on. Sets the
-    thread count; raises CheckpointError, DataError or OSError with a one-line message."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    translator, state = load_translator(args.checkpoint, args.device)
-    sources, references = evaluation_text(state, data=args.data, data_root=args.data_root,
-                                          src=args.src, ref=args.ref,
-                                          max_sentences=args.max_sentences)
-    return translator, state, sources, references
+# ---- teacher-forced evaluation batches -----------------------------------------------
 
 
 def teacher_forced_batches(tokenizers: TokenizerPair, sources: Sequence[str],

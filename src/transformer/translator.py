@@ -227,7 +227,8 @@ def bleu_report(hypotheses: Sequence[str], references: Sequence[str], *,
         raise DataError(f"the reference has {len(references)} lines but the input has "
                         f"{len(hypotheses)}")
     report = []
-    for metric in (BLEU(tokenize=tokenize), CHRF()) if chrf else (BLEU(tokenize=tokenize),):
+    bleu = BLEU(tokenize=tokenize, force=tokenize == "none")  # tokenized on purpose: no warning
+    for metric in (bleu, CHRF()) if chrf else (bleu,):
         score = metric.corpus_score(list(hypotheses), [list(references)])
         report.append(score.format(width=1, signature=str(metric.get_signature())))
     align = max(line.index("=") for line in report)  # the CLI aligns the "=" signs
