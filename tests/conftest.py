@@ -42,6 +42,18 @@ def multi30k_tokenizer_path(multi30k_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def multi30k_small_tokenizer_path(tmp_path_factory) -> Path:
+    """A small joint SentencePiece model (vocab 400) from the first 300 en and de training
+    lines: for tests whose models only need real pieces, not a good vocabulary."""
+    from transformer.tokenizer import Tokenizer
+
+    texts = _read_multi30k("train.en.gz")[:300] + _read_multi30k("train.de.gz")[:300]
+    path = tmp_path_factory.mktemp("spm") / "spm400.model"
+    Tokenizer.train(texts, path, vocab_size=400)
+    return path
+
+
+@pytest.fixture(scope="session")
 def multi30k_tokenizer(multi30k_tokenizer_path):
     """The session's default Multi30k tokenizer (see multi30k_tokenizer_path)."""
     from transformer.tokenizer import Tokenizer

@@ -57,16 +57,8 @@ def pairs(multi30k_lines) -> tuple[list[str], list[str]]:
 
 
 @pytest.fixture(scope="module")
-def tokenizer_path(multi30k_lines, tmp_path_factory) -> Path:
-    texts = multi30k_lines("train.en.gz")[:300] + multi30k_lines("train.de.gz")[:300]
-    path = tmp_path_factory.mktemp("spm") / "spm400.model"
-    Tokenizer.train(texts, path, vocab_size=400)
-    return path
-
-
-@pytest.fixture(scope="module")
-def tokenizers(tokenizer_path) -> TokenizerPair:
-    tokenizer = Tokenizer.load(tokenizer_path)
+def tokenizers(multi30k_small_tokenizer_path) -> TokenizerPair:
+    tokenizer = Tokenizer.load(multi30k_small_tokenizer_path)
     return TokenizerPair(tokenizer, tokenizer)
 
 
@@ -371,11 +363,12 @@ def test_scripts_on_a_tiny_checkpoint(tmp_path, tokenizers, pairs, capsys):
 
 
 def test_validation_logs_attention_without_side_effects(tmp_path, multi30k_dir,
-                                                        tokenizer_path):
+                                                        multi30k_small_tokenizer_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     cfg = compose_config([
-        f"data.root={multi30k_dir}", f"data.spm_model={tokenizer_path}", "data.vocab_size=400",
+        f"data.root={multi30k_dir}", f"data.spm_model={multi30k_small_tokenizer_path}",
+        "data.vocab_size=400",
         "data.max_train_pairs=50", "data.max_tokens=512", "model.num_hiddens=32",
         "model.ffn_num_hiddens=64", "model.num_heads=2", "model.num_encoder_layers=1",
         "model.num_decoder_layers=1", "trainer.bleu_max_sentences=4", "trainer.device=cpu"])

@@ -56,9 +56,8 @@ def save(model: Transformer, tokenizer: Tokenizer, path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def multi30k_small_tokenizer(multi30k_lines) -> Tokenizer:
-    texts = multi30k_lines("train.en.gz")[:300] + multi30k_lines("train.de.gz")[:300]
-    return Tokenizer.train(texts, vocab_size=400)
+def multi30k_small_tokenizer(multi30k_small_tokenizer_path) -> Tokenizer:
+    return Tokenizer.load(multi30k_small_tokenizer_path)
 
 
 def random_model(vocab: int, seed: int) -> Transformer:
