@@ -28,7 +28,7 @@ def test_default_is_the_multi30k_tiny_recipe():
     assert (o.name, o.lr, list(o.betas), o.warmup_updates, o.schedule, o.label_smoothing) == (
         "adam", 0.005, [0.9, 0.98], 1000, "inverse_sqrt", 0.1)
     assert cfg.data.name == "multi30k" and cfg.data.joint_vocab and cfg.data.max_tokens == 4096
-    assert cfg.trainer.max_updates == 8000
+    assert cfg.trainer.max_updates == 4400 and o.cooldown_updates == 900
     assert cfg.trainer.max_time == 5300 and cfg.trainer.keep_last == 10  # 90 minutes, averaging
 
 
@@ -60,6 +60,9 @@ def test_yaml_files_spell_out_every_schema_key(group, schema):
     ("optim.betas=[0.9,1.5]", "optim.betas"),
     ("optim.label_smoothing=1.0", "optim.label_smoothing"),
     ("optim.update_freq=0", "optim.update_freq"),
+    ("optim.cooldown_updates=-1", "optim.cooldown_updates must be >= 0"),
+    ("optim.cooldown_updates=9000",
+     "optim.cooldown_updates=9000 needs trainer.max_updates >= it"),
     ("optim.name=sgd", "optim.name"),
     ("model.num_heads=3", "model.num_heads (3) must divide model.num_hiddens (128)"),
     ("model.dropout=1.5", "model.dropout"),

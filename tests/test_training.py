@@ -251,6 +251,32 @@ def test_inverse_sqrt_schedule_with_warmup():
     assert lr_lambda("constant", 4)(100) == 1.0
 
 
+def test_cooldown_decays_linearly_over_the_last_updates():
+    plain = lr_lambda("inverse_sqrt", 4)
+    f = lr_lambda("inverse_sqrt", 4, max_updates=20, cooldown_updates=4)
+    assert [f(n) for n in range(16)] == [plain(n) for n in range(16)]  # updates 1-16
+    start = plain(15)  # update 16, the last at the full schedule
+    assert [f(n) for n in range(16, 20)] == pytest.approx([start * k / 5 for k in (4, 3, 2, 1)])
+    with pytest.raises(ValueError, match="cooldown needs max_updates"):
+        lr_lambda("constant", 4, None, 3)
+
+
+def test_cooldown_added_on_resume_equals_the_run_with_it_from_the_start(tmp_path, small):
+    """A run stopped before its cooldown and resumed with one continues as if the cooldown
+    had been configured from the start: the resumed lr follows the new schedule."""
+    cool = ["trainer.max_updates=8", "optim.cooldown_updates=4"]
+    straight = train(compose_config(small + cool), tmp_path / "a")
+    first = train(compose_config(small + ["trainer.max_updates=4"]), tmp_path / "b")
+    second = train(compose_config(small + cool), tmp_path / "b")
+    assert first.losses + second.losses == straight.losses
+    a = ckpt.load_checkpoint(tmp_path / "a/checkpoints/checkpoint_last.pt")
+    b = ckpt.load_checkpoint(tmp_path / "b/checkpoints/checkpoint_last.pt")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    lrs = scalars(tmp_path / "a")["train/lr"]  # one per update (log_every_updates=1)
+    assert len(lrs) == 8 and lrs[4] > lrs[5] > lrs[6] > lrs[7] > 0
+    assert lrs[7] == pytest.approx(lrs[3] / 5, rel=1e-3)
+
+
 def test_accumulated_batches_equal_one_big_batch(tmp_path, small):
     """update_freq sums the losses and divides by all target tokens of the update."""
     cfg = compose_config(small + ["model.dropout=0.0", "optim.label_smoothing=0.1"])

@@ -83,6 +83,7 @@ class OptimConfig:
     weight_decay: float = 0.0
     schedule: str = "inverse_sqrt"  # inverse_sqrt | constant (both after linear warmup)
     warmup_updates: int = 4000
+    cooldown_updates: int = 0  # last N of trainer.max_updates decay linearly to ~0; 0: none
     label_smoothing: float = 0.1
     clip_norm: float = 0.0  # max gradient norm; 0: no clipping (the norm is still logged)
     update_freq: int = 1  # batches accumulated per update
@@ -103,6 +104,8 @@ class OptimConfig:
                                            f"got {self.schedule!r}")
         _check(_is_int(self.warmup_updates) and self.warmup_updates >= 0,
                f"optim.warmup_updates must be >= 0, got {self.warmup_updates}")
+        _check(_is_int(self.cooldown_updates) and self.cooldown_updates >= 0,
+               f"optim.cooldown_updates must be >= 0, got {self.cooldown_updates}")
         _check(0 <= self.label_smoothing < 1,
                f"optim.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         _check(self.clip_norm >= 0, f"optim.clip_norm must be >= 0, got {self.clip_norm}")
@@ -176,6 +179,10 @@ class TrainConfig:
         _check(self.data.max_len <= self.model.max_positions,
                f"data.max_len ({self.data.max_len}) must be <= model.max_positions "
                f"({self.model.max_positions})")
+        cooldown, max_updates = self.optim.cooldown_updates, self.trainer.max_updates
+        _check(cooldown == 0 or (max_updates is not None and cooldown <= max_updates),
+               f"optim.cooldown_updates={cooldown} needs trainer.max_updates >= it (the "
+               f"cooldown ends there), got trainer.max_updates={max_updates}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values only (stored in checkpoints)."""

@@ -182,16 +182,28 @@ def setup_logging(run_dir: Path, env: DistEnv) -> Callable[[], None]:
     return cleanup
 
 
-def lr_lambda(schedule: str, warmup_updates: int) -> Callable[[int], float]:
+def lr_lambda(schedule: str, warmup_updates: int, max_updates: Optional[int] = None,
+              cooldown_updates: int = 0) -> Callable[[int], float]:
     """LambdaLR factor of the peak lr for the update after `num_updates` updates: linear
-    warmup to 1, then constant or 1/sqrt(update) decay (1 at the end of warmup)."""
+    warmup to 1, then constant or 1/sqrt(update) decay (1 at the end of warmup); with
+    `cooldown_updates`, the last that many of `max_updates` decay linearly from there to
+    ~0 (a run of fixed length ends annealed instead of at a high lr)."""
     warmup = max(1, warmup_updates)
+    if cooldown_updates and max_updates is None:
+        raise ValueError("a cooldown needs max_updates")
 
-    def factor(num_updates: int) -> float:
-        step = num_updates + 1  # 1-based number of the update about to be made
+    def base(step: int) -> float:
         if step < warmup:
             return step / warmup
         return 1.0 if schedule == "constant" else math.sqrt(warmup / step)
+
+    def factor(num_updates: int) -> float:
+        step = num_updates + 1  # 1-based number of the update about to be made
+        if cooldown_updates:
+            start = max_updates - cooldown_updates  # last update at the full schedule
+            if step > start:
+                return base(max(start, 1)) * (max_updates + 1 - step) / (cooldown_updates + 1)
+        return base(step)
 
     return factor
 
@@ -229,7 +241,8 @@ class Trainer:
         self.model = self._build_model().to(self.device)
         self.optimizer = build_optimizer(self.model, cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(cfg.optim.schedule, cfg.optim.warmup_updates))
+            self.optimizer, lr_lambda(cfg.optim.schedule, cfg.optim.warmup_updates,
+                                      cfg.trainer.max_updates, cfg.optim.cooldown_updates))
         self.scaler = (torch.amp.GradScaler(self.device.type)
                        if self.amp_dtype == torch.float16 else None)
         self.state = TrainState()
@@ -284,6 +297,11 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        # The next update's lr follows this run's schedule, which may differ from the saved
+        # one after the resume point (e.g. a cooldown added or moved with trainer.max_updates).
+        for group, base_lr, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
+                                          self.scheduler.lr_lambdas):
+            group["lr"] = base_lr * factor(self.scheduler.last_epoch)
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.state = TrainState(**state["train_state"])
