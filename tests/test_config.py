@@ -28,7 +28,7 @@ def test_default_is_the_multi30k_tiny_recipe():
     assert (o.name, o.lr, list(o.betas), o.warmup_updates, o.schedule, o.label_smoothing) == (
         "adam", 0.005, [0.9, 0.98], 1000, "inverse_sqrt", 0.1)
     assert cfg.data.name == "multi30k" and cfg.data.joint_vocab and cfg.data.max_tokens == 4096
-    assert cfg.trainer.max_updates == 4400 and o.cooldown_updates == 900
+    assert cfg.trainer.max_updates == 5300 and o.cooldown_updates == 1000
     assert cfg.trainer.max_time == 5300 and cfg.trainer.keep_last == 10  # 90 minutes, averaging
 
 
