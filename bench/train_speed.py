@@ -6,8 +6,11 @@ attention weights, the same label-smoothed loss, the same fused Adam and the sam
 Multi30k batches (max_tokens 4096, vocab 8000), stepped alternately in one run so machine
 noise hits both alike. CPU, float32.
 
-  ours  transformer.model.Transformer; the output projection runs on non-pad positions only
-        (output_mask), attention through SDPA with fused QKV where it applies
+  ours  transformer.model.Transformer with the training loop's loss module
+        (training.LabelSmoothedLoss): the output projection on non-pad positions only, fused
+        into the loss (ops.linear_label_smoothed_cross_entropy), attention through SDPA where
+        it applies; --unfused also times it with the projection's logits fed to
+        nn.CrossEntropyLoss (ours_logits)
   ref   torch.nn.Transformer(batch_first=True) with padding masks and a causal mask, output
         projection over all positions (as a typical nn.Transformer user writes it), loss with
         ignore_index=pad
@@ -15,6 +18,7 @@ noise hits both alike. CPU, float32.
 Peak RSS: each model trains a few steps in its own subprocess (whole-process VmHWM).
 
     python bench/train_speed.py [--steps 10] [--sizes tiny small] [--compile] [--all-positions]
+                                [--unfused]
 
 On a shared machine, OpenMP's spin-waiting threads slow everything down by up to 10x when
 another process holds a core; OMP_WAIT_POLICY=PASSIVE keeps absolute numbers meaningful
@@ -41,6 +45,7 @@ from transformer.config import compose_config
 from transformer.data import Batch, Data, DataConfig, load_data
 from transformer.model import ModelConfig, PositionalEncoding, Transformer
 from transformer.tokenizer import PAD_ID
+from transformer.training import LabelSmoothedLoss
 
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K = REPO.parent / "shared/data/multi30k"
@@ -87,12 +92,15 @@ def build(kind: str, size: str, vocab: int, compile_model: bool) -> tuple[nn.Mod
     torch.manual_seed(0)
     model = ReferenceModel(config) if kind == "ref" else Transformer(config)
     model.train()
-    run = torch.compile(model, dynamic=True) if compile_model else model
+    wrapped = LabelSmoothedLoss(model, 0.1) if kind == "ours" else model  # ours: -> loss
+    run = torch.compile(wrapped, dynamic=True) if compile_model else wrapped
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=True)
     criterion = nn.CrossEntropyLoss(ignore_index=PAD_ID, reduction="sum", label_smoothing=0.1)
 
     def step(b: Batch) -> None:
         if kind == "ours":
+            loss = run(b.src, b.src_valid_lens, b.tgt_in, b.tgt_out)
+        elif kind == "ours_logits":
             mask = b.tgt_out != PAD_ID
             loss = criterion(run(b.src, b.src_valid_lens, b.tgt_in, output_mask=mask),
                              b.tgt_out[mask])
@@ -152,6 +160,8 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true", help="skip the peak RSS runs")
     parser.add_argument("--all-positions", action="store_true",
                         help="also time ours with the projection over all positions")
+    parser.add_argument("--unfused", action="store_true",
+                        help="also time ours with logits + nn.CrossEntropyLoss (no fused loss)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -163,12 +173,13 @@ def main() -> None:
           f"Multi30k en-de batches (max_tokens 4096, vocab 8000), {args.steps} steps per "
           f"model after {args.warmup} warm-up{', torch.compile' if args.compile else ''}")
     print("ref = torch.nn.Transformer, output projection over all positions; "
-          "ours = projection on non-pad positions only")
+          "ours = projection on non-pad positions only, fused into the loss")
     header = (f"{'model':<7}{'ours upd/s':>11}{'ref upd/s':>10}{'ours tok/s':>11}"
               f"{'ref tok/s':>10}{'ours/ref':>9}{'ours MiB':>9}{'ref MiB':>8}")
     rows = []
     for size in args.sizes:
-        kinds = ("ours", "ref") + (("ours_all",) if args.all_positions else ())
+        kinds = (("ours", "ref") + (("ours_all",) if args.all_positions else ())
+                 + (("ours_logits",) if args.unfused else ()))
         r = time_size(size, data, args.steps, args.warmup, args.compile, kinds)
         mem = ({} if args.no_memory else
                {kind: peak_rss(kind, size, min(args.steps, 3)) for kind in ("ours", "ref")})
@@ -180,6 +191,10 @@ def main() -> None:
         if args.all_positions:
             print(f"  ({size}: ours with the projection over all positions: "
                   f"{n / s['ours_all']:.0f} tok/s, {s['ref'] / s['ours_all']:.2f}x ref)")
+        if args.unfused:
+            print(f"  ({size}: ours with logits + nn.CrossEntropyLoss: "
+                  f"{n / s['ours_logits']:.0f} tok/s; fused/unfused speed "
+                  f"{s['ours_logits'] / s['ours']:.2f}x)")
     print(header, *rows, sep="\n")
 
 

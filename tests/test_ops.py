@@ -1,4 +1,4 @@
-"""ops.Dropout and ops.label_smoothed_cross_entropy against PyTorch's own."""
+"""ops.Dropout and ops.linear_label_smoothed_cross_entropy against PyTorch's own."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from transformer.ops import Dropout, label_smoothed_cross_entropy
+from transformer.ops import Dropout, linear_label_smoothed_cross_entropy
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
@@ -43,26 +43,58 @@ def test_dropout_is_seeded_and_off_in_eval_and_for_p0():
     assert torch.equal(Dropout(1.0).train()(X), torch.zeros_like(X))  # nn.Dropout's own
 
 
-@pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.3])
-def test_label_smoothed_loss_equals_cross_entropy_loss(epsilon):
+def _hidden_weight_target(N=50, d=12, V=40, dtype=torch.float32):
     torch.manual_seed(0)
-    logits = (3 * torch.randn(50, 40)).requires_grad_()
-    target = torch.randint(0, 40, (50,))
-    ref_logits = logits.detach().clone().requires_grad_()
-    ours = label_smoothed_cross_entropy(logits, target, epsilon)
-    ref = nn.CrossEntropyLoss(reduction="sum", label_smoothing=epsilon)(ref_logits, target)
+    hidden = torch.randn(N, d, dtype=dtype, requires_grad=True)
+    weight = (torch.randn(V, d, dtype=dtype) / 2).requires_grad_()
+    return hidden, weight, torch.randint(0, V, (N,))
+
+
+def _reference(hidden, weight, target, epsilon):
+    """nn.CrossEntropyLoss over the projected logits, on copies of the inputs."""
+    h, w = (x.detach().clone().requires_grad_() for x in (hidden, weight))
+    loss = nn.CrossEntropyLoss(reduction="sum", label_smoothing=epsilon)(h @ w.t(), target)
+    return loss, h, w
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.3])
+@pytest.mark.parametrize("chunk_rows", [None, 1, 7, 50, 64])  # whole, one row, remainder...
+def test_fused_loss_equals_projection_then_cross_entropy_loss(epsilon, chunk_rows):
+    hidden, weight, target = _hidden_weight_target()
+    ours = linear_label_smoothed_cross_entropy(hidden, weight, target, epsilon, chunk_rows)
+    ref, h, w = _reference(hidden, weight, target, epsilon)
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-4)
-    (2 * ours).backward()
+    (2 * ours).backward()  # the upstream gradient scales both gradients
     (2 * ref).backward()
-    torch.testing.assert_close(logits.grad, ref_logits.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(hidden.grad, h.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(weight.grad, w.grad, rtol=1e-5, atol=1e-5)
 
 
-def test_label_smoothed_loss_computes_in_float32_and_checks_shapes():
-    logits = torch.randn(6, 10, dtype=torch.bfloat16)
-    target = torch.randint(0, 10, (6,))
-    loss = label_smoothed_cross_entropy(logits, target, 0.1)
+def test_fused_loss_passes_gradcheck_and_adds_to_a_tied_weights_other_gradient():
+    hidden, weight, target = _hidden_weight_target(N=9, d=4, V=6, dtype=torch.float64)
+    assert torch.autograd.gradcheck(
+        lambda h, w: linear_label_smoothed_cross_entropy(h, w, target, 0.1, chunk_rows=4),
+        (hidden, weight))
+    # The weight also used elsewhere (tied embedding): autograd adds both gradients.
+    tokens = torch.tensor([1, 2, 2])
+    (linear_label_smoothed_cross_entropy(hidden, weight, target, 0.1)
+     + weight[tokens].sum()).backward()
+    ref, h, w = _reference(hidden, weight, target, 0.1)
+    (ref + w[tokens].sum()).backward()
+    torch.testing.assert_close(weight.grad, w.grad)
+
+
+def test_fused_loss_under_bf16_autocast_computes_the_softmax_in_float32_and_checks_shapes():
+    hidden, weight, target = _hidden_weight_target()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = linear_label_smoothed_cross_entropy(hidden, weight, target, 0.1, chunk_rows=16)
+        ref = nn.functional.cross_entropy((hidden @ weight.t()).float(), target,
+                                          reduction="sum", label_smoothing=0.1)
     assert loss.dtype == torch.float32
-    ref = nn.functional.cross_entropy(logits.float(), target, reduction="sum", label_smoothing=0.1)
-    torch.testing.assert_close(loss, ref)
-    with pytest.raises(ValueError, match=r"expected logits \(N, V\)"):
-        label_smoothed_cross_entropy(torch.randn(2, 3, 10), target, 0.1)
+    torch.testing.assert_close(loss, ref, rtol=1e-3, atol=0.0)  # the same bf16 logits
+    loss.backward()
+    assert hidden.grad.dtype == hidden.dtype and weight.grad.dtype == weight.dtype
+    with pytest.raises(ValueError, match=r"expected hidden \(N, d\), weight \(V, d\)"):
+        linear_label_smoothed_cross_entropy(hidden[None], weight, target, 0.1)
+    with pytest.raises(ValueError, match="expected hidden"):
+        linear_label_smoothed_cross_entropy(hidden, weight[:, :3], target, 0.1)

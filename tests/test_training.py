@@ -19,7 +19,10 @@ from transformer import checkpoint as ckpt
 from transformer.config import compose_config
 from transformer.plots import bleu_vs_time
 from transformer.tokenizer import Tokenizer
-from transformer.training import DistEnv, Trainer, TrainingError, lr_lambda, train
+from transformer.model import ModelConfig, Transformer
+from transformer.tokenizer import PAD_ID
+from transformer.training import (DistEnv, LabelSmoothedLoss, Trainer, TrainingError, lr_lambda,
+                                  train)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -276,6 +279,32 @@ def test_cooldown_added_on_resume_equals_the_run_with_it_from_the_start(tmp_path
     lrs = scalars(tmp_path / "a")["train/lr"]  # one per update (log_every_updates=1)
     assert len(lrs) == 8 and lrs[4] > lrs[5] > lrs[6] > lrs[7] > 0
     assert lrs[7] == pytest.approx(lrs[3] / 5, rel=1e-3)
+
+
+def test_training_loss_equals_cross_entropy_over_the_real_target_tokens():
+    """LabelSmoothedLoss (fused projection) = CrossEntropyLoss over the model's logits at the
+    non-pad positions: the same value and the same gradient for every parameter."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(src_vocab_size=30, tgt_vocab_size=30, num_hiddens=16,
+                                    ffn_num_hiddens=32, num_heads=2, num_encoder_layers=1,
+                                    num_decoder_layers=2, dropout=0.0))
+    src, tgt = torch.randint(4, 30, (3, 7)), torch.randint(4, 30, (3, 6))
+    src_lens = torch.tensor([7, 4, 2])
+    tgt[1, 4:] = tgt[2, 2:] = PAD_ID
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    ours = LabelSmoothedLoss(model, 0.1)(src, src_lens, tgt_in, tgt_out)
+    ours.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    logits = model(src, src_lens, tgt_in)  # (3, 5, 30)
+    ref = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(),
+                                            ignore_index=PAD_ID, reduction="sum",
+                                            label_smoothing=0.1)
+    ref.backward()
+    torch.testing.assert_close(ours, ref)
+    assert (tgt_out != PAD_ID).sum() == 9  # 15 positions, 6 of them padding
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, msg=name)
 
 
 def test_accumulated_batches_equal_one_big_batch(tmp_path, small):

@@ -247,11 +247,16 @@ class Transformer(nn.Module):
         they are (num_true, tgt_vocab_size) for the selected positions only, which saves the
         output projection's work on padding during training.
         """
-        enc_outputs = self.encode(src, src_valid_lens)
-        hidden = self.decoder(tgt_in, enc_outputs, src_valid_lens)  # (batch, tgt_len, d)
+        hidden = self.hidden_states(src, src_valid_lens, tgt_in)  # (batch, tgt_len, d)
         if output_mask is not None:
             hidden = hidden[output_mask]  # (num_true, d)
         return self.output_projection(hidden)
+
+    def hidden_states(self, src: Tensor, src_valid_lens: Tensor, tgt_in: Tensor) -> Tensor:
+        """The decoder's last states, the output projection's input: (batch, tgt_len, d).
+        Training feeds them to `ops.linear_label_smoothed_cross_entropy` with the projection's
+        weight, which never materializes the logits."""
+        return self.decoder(tgt_in, self.encode(src, src_valid_lens), src_valid_lens)
 
     def encode(self, src: Tensor, src_valid_lens: Tensor) -> Tensor:
         """(batch, src_len) ids -> encoder outputs (batch, src_len, num_hiddens)."""

@@ -5,10 +5,11 @@ validation BLEU -> best checkpoint / early stopping, exact resume, DistributedDa
 
 One update = `optim.update_freq` batches; their summed loss is divided by the number of target
 tokens of the whole update on all ranks (as fairseq does), so gradient accumulation and more
-GPUs only change the batch size. The loss is `ops.label_smoothed_cross_entropy` over the
-real target tokens (the same value as `CrossEntropyLoss(label_smoothing=...)`, faster on
-CPU); everything else is PyTorch's own: `LambdaLR`, `torch.amp`, `clip_grad_norm_`, DDP with
-`no_sync()` while accumulating.
+GPUs only change the batch size. The loss, `LabelSmoothedLoss`, is the label-smoothed
+cross-entropy over the real target tokens with the output projection fused into it
+(`ops.linear_label_smoothed_cross_entropy`: the same value and gradients as projecting and
+using `CrossEntropyLoss(label_smoothing=...)`, faster on CPU); everything else is PyTorch's
+own: `LambdaLR`, `torch.amp`, `clip_grad_norm_`, DDP with `no_sync()` while accumulating.
 
 The run directory holds `config.yaml` (resolved), `spm.model`, `checkpoints/`, TensorBoard
 event files and `train.log`. Only rank 0 logs and writes. A run directory that already has
@@ -44,11 +45,12 @@ from . import heads
 from .config import TrainConfig, load_config
 from .data import Batch, Data, eval_batches, load_data
 from .model import Transformer
-from .ops import label_smoothed_cross_entropy
+from .ops import linear_label_smoothed_cross_entropy
 from .search import greedy_search
 from .tokenizer import PAD_ID
 
-__all__ = ["TrainingError", "TrainResult", "TrainState", "Trainer", "train", "lr_lambda"]
+__all__ = ["TrainingError", "TrainResult", "TrainState", "Trainer", "train", "lr_lambda",
+           "LabelSmoothedLoss"]
 
 log = logging.getLogger(__name__)
 PathLike = Union[str, "os.PathLike[str]"]
@@ -220,6 +222,24 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
         return cls(model.parameters(), **kwargs)
 
 
+class LabelSmoothedLoss(nn.Module):
+    """The training objective as a module around the model, so that DDP (and torch.compile)
+    wrap model and loss together: label-smoothed cross-entropy summed over the batch's real
+    target tokens, the output projection fused into it."""
+
+    def __init__(self, model: Transformer, label_smoothing: float):
+        super().__init__()
+        self.model, self.label_smoothing = model, label_smoothing
+
+    def forward(self, src: Tensor, src_valid_lens: Tensor, tgt_in: Tensor,
+                tgt_out: Tensor) -> Tensor:
+        mask = tgt_out != PAD_ID  # (batch, tgt_len)
+        hidden = self.model.hidden_states(src, src_valid_lens, tgt_in)[mask]  # (N, d)
+        weight = self.model.output_projection.weight  # (V, d); the projection has no bias
+        return linear_label_smoothed_cross_entropy(hidden, weight, tgt_out[mask],
+                                                   self.label_smoothing)
+
+
 # ---- the trainer ------------------------------------------------------------------------
 
 
@@ -249,13 +269,14 @@ class Trainer:
         torch.manual_seed(cfg.seed + env.rank)  # dropout differs between ranks
         if resume is not None:
             self._restore(*resume)
-        self.ddp = (DistributedDataParallel(self.model, broadcast_buffers=False,
+        self.loss = LabelSmoothedLoss(self.model, cfg.optim.label_smoothing)
+        self.ddp = (DistributedDataParallel(self.loss, broadcast_buffers=False,
                                             device_ids=[self.device.index]
                                             if self.device.type == "cuda" else None)
                     if env.distributed else None)
-        self.train_model: nn.Module = self.ddp or self.model
+        self.train_loss: nn.Module = self.ddp or self.loss
         if cfg.trainer.compile:
-            self.train_model = torch.compile(self.train_model)
+            self.train_loss = torch.compile(self.train_loss)
         self.writer = self._open_writer(resumed=resume is not None)
         self._write_config()
         self._meter = _Meter()
@@ -406,17 +427,9 @@ class Trainer:
         return None
 
     def batch_loss(self, batch: Batch) -> Tensor:
-        """Label-smoothed cross-entropy summed over the batch's target tokens; the output
-        projection runs on those positions only."""
-        mask = batch.tgt_out != PAD_ID  # (B, T)
+        """Label-smoothed cross-entropy summed over the batch's target tokens."""
         with self.autocast():
-            logits = self.train_model(batch.src, batch.src_valid_lens, batch.tgt_in,
-                                      output_mask=mask)  # (N, V)
-            return self.criterion(logits, batch.tgt_out[mask])
-
-    def criterion(self, logits: Tensor, target: Tensor) -> Tensor:
-        """Label-smoothed cross-entropy summed over the (real) target tokens."""
-        return label_smoothed_cross_entropy(logits, target, self.cfg.optim.label_smoothing)
+            return self.train_loss(batch.src, batch.src_valid_lens, batch.tgt_in, batch.tgt_out)
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
@@ -559,8 +572,9 @@ class Trainer:
             mask = batch.tgt_out != PAD_ID
             logits = self.model(batch.src, batch.src_valid_lens, batch.tgt_in, output_mask=mask)
             target = batch.tgt_out[mask]
-            total[0] += self.criterion(logits, target)
-            total[1] += nn.functional.cross_entropy(logits.float(), target, reduction="sum")
+            for i, smoothing in enumerate((self.cfg.optim.label_smoothing, 0.0)):
+                total[i] += nn.functional.cross_entropy(logits.float(), target, reduction="sum",
+                                                        label_smoothing=smoothing)
             tokens += batch.num_tgt_tokens
         loss, nll = (total / max(tokens, 1)).tolist()
         return loss, nll
