@@ -85,7 +85,8 @@ def linear_label_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, target: 
     `nn.CrossEntropyLoss(reduction="sum", label_smoothing=epsilon)(hidden @ weight.T, target)`
     in value and gradients: the target distribution is (1 - epsilon) on the reference token
     plus epsilon / V everywhere. The softmax is computed in float32 whatever the matmul's
-    dtype (float64 stays float64). `chunk_rows` (default: ~4M logits, 16 MB, per chunk) trades cache use for matmul size.
+    dtype (float64 stays float64). `chunk_rows` (default: ~4M logits, 16 MB, per chunk)
+    trades cache use for matmul size.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1] \
             or target.shape != hidden.shape[:1]:
