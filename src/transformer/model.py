@@ -245,7 +245,8 @@ class Transformer(nn.Module):
 
         Logits are (batch, tgt_len, tgt_vocab_size); with `output_mask` (batch, tgt_len) bool
         they are (num_true, tgt_vocab_size) for the selected positions only, which saves the
-        output projection's work on padding during training.
+        output projection's work on padding (validation loss, head importance; training
+        fuses the projection into its loss instead, see `hidden_states`).
         """
         hidden = self.hidden_states(src, src_valid_lens, tgt_in)  # (batch, tgt_len, d)
         if output_mask is not None:

@@ -571,13 +571,13 @@ class Trainer:
             batch = corpus.collate(idx).to(self.device)
             mask = batch.tgt_out != PAD_ID
             logits = self.model(batch.src, batch.src_valid_lens, batch.tgt_in, output_mask=mask)
-            target = batch.tgt_out[mask]
-            for i, smoothing in enumerate((self.cfg.optim.label_smoothing, 0.0)):
-                total[i] += nn.functional.cross_entropy(logits.float(), target, reduction="sum",
-                                                        label_smoothing=smoothing)
+            log_probs = logits.float().log_softmax(-1)  # (N, V), once for both numbers
+            total[0] -= log_probs.gather(1, batch.tgt_out[mask][:, None]).sum()  # nll
+            total[1] -= log_probs.mean(-1).sum()  # the smoothing term: uniform target
             tokens += batch.num_tgt_tokens
-        loss, nll = (total / max(tokens, 1)).tolist()
-        return loss, nll
+        nll, uniform = (total / max(tokens, 1)).tolist()
+        eps = self.cfg.optim.label_smoothing
+        return (1 - eps) * nll + eps * uniform, nll  # as CrossEntropyLoss(label_smoothing)
 
     def _translate_valid(self) -> tuple[list[str], list[str], list[str]]:
         """Greedy translations of the first `trainer.bleu_max_sentences` validation sentences,
