@@ -1,0 +1,35 @@
+#!/bin/bash
+# The CUDA path on a GPU machine, one script: bench/cuda_check.py's comparisons, then a short
+# bf16 training run of the recipe and beam-5 translation of the test set on the GPU.
+#
+#   bash bench/cuda_check.sh DATA_DIR [CHECKPOINT CPU_HYP ALPHA]
+#
+# DATA_DIR holds Multi30k (as ../shared/data/multi30k); CHECKPOINT with CPU_HYP (its CPU
+# translations of test_2016_flickr.en at ALPHA) adds the check that the GPU reproduces them.
+# Logs go to $OUT when set (the device tool's output folder), else to runs/cuda_check.
+set -u
+DATA=$1
+LOGS=${OUT:-runs/cuda_check}
+RUN=/tmp/cuda_check_run
+mkdir -p "$LOGS"
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+nvidia-smi -L
+gunzip -c "$DATA/test_2016_flickr.en.gz" > /tmp/test.en
+gunzip -c "$DATA/test_2016_flickr.de.gz" > /tmp/test.de
+
+extra=()
+if [ $# -ge 4 ]; then extra=(--checkpoint "$2" --src /tmp/test.en --hyp "$3" --alpha "$4"); fi
+python3 bench/cuda_check.py "${extra[@]}" 2>&1 | tee "$LOGS/cuda_check.txt"
+status=${PIPESTATUS[0]}
+
+# Two minutes of the recipe's training on the GPU (bf16 autocast: trainer.precision=auto).
+rm -rf "$RUN"
+python3 scripts/train.py data.root="$DATA" trainer.max_time=120 optim.cooldown_updates=0 \
+    trainer.max_updates=8000 hydra.run.dir="$RUN" > "$LOGS/train.out" 2>&1
+grep -E "device|stopped|valid loss" "$RUN/train.log" | tail -6
+cp "$RUN/train.log" "$LOGS/train.log"
+python3 scripts/translate.py --checkpoint "$RUN" --device cuda --input /tmp/test.en \
+    --output "$LOGS/test.hyp" --beam-size 5 --reference /tmp/test.de \
+    --paper-protocol "$DATA/tok/test_2016_flickr.lc.norm.tok.de" 2>&1 | grep -v "sent/s" \
+    | tee "$LOGS/translate.txt"
+exit "$status"
