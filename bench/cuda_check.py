@@ -13,6 +13,7 @@
 6. with --checkpoint: beam search of a trained model on CUDA reproduces the CPU hypotheses.
 
 Exits 1 if any check fails. It runs on CPU too (checks 1-4 then compare CPU with CPU).
+Needs torch >= 2.5 (`SDPBackend.CUDNN_ATTENTION`); run on the GPU with torch 2.11.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from transformer.attention import MultiHeadAttention
 from transformer.model import ModelConfig, Transformer
 from transformer.ops import linear_label_smoothed_cross_entropy
 from transformer.training import LabelSmoothedLoss
+from transformer.translator import Translator
 
 FAILED: list[str] = []
 
@@ -172,7 +174,6 @@ def time_training(device: torch.device, steps: int = 30) -> None:
 
 def check_translation(device: torch.device, checkpoint: Path, src: Path, hyp: Path,
                       alpha: float) -> None:
-    from transformer.translator import Translator
     lines = src.read_text(encoding="utf-8").splitlines()
     reference = hyp.read_text(encoding="utf-8").splitlines()
     translator = Translator.load(checkpoint, device=device)

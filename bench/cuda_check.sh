@@ -19,7 +19,7 @@ gunzip -c "$DATA/test_2016_flickr.de.gz" > /tmp/test.de
 
 extra=()
 if [ $# -ge 4 ]; then extra=(--checkpoint "$2" --src /tmp/test.en --hyp "$3" --alpha "$4"); fi
-python3 bench/cuda_check.py "${extra[@]}" 2>&1 | tee "$LOGS/cuda_check.txt"
+python3 bench/cuda_check.py ${extra[@]+"${extra[@]}"} 2>&1  # (empty-array safe under set -u) | tee "$LOGS/cuda_check.txt"
 status=${PIPESTATUS[0]}
 
 # Two minutes of the recipe's training on the GPU under bf16 autocast (the recipe itself
