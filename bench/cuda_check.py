@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer.attention import MultiHeadAttention
+from transformer.config import compose_config
 from transformer.model import ModelConfig, Transformer
 from transformer.ops import linear_label_smoothed_cross_entropy
 from transformer.training import LabelSmoothedLoss
@@ -46,12 +47,9 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float().cpu() - b.float().cpu()).abs().max().item()
 
 
-def tiny_config(**kw) -> ModelConfig:
-    """The recipe's Transformer-Tiny shape (4+4 layers, d 128, FFN 256, 4 heads, 8k vocab)."""
-    c = dict(src_vocab_size=8000, tgt_vocab_size=8000, num_hiddens=128, ffn_num_hiddens=256,
-             num_heads=4, num_encoder_layers=4, num_decoder_layers=4, dropout=0.1)
-    c.update(kw)
-    return ModelConfig(**c)
+def recipe_config() -> ModelConfig:
+    """The recipe's model (configs/: Transformer-Tiny, dropout 0.1) over an 8k joint vocabulary."""
+    return compose_config().model.to_model_config(8000, 8000, share_embeddings=True)
 
 
 def random_batch(B: int, S: int, T: int, device: torch.device, vocab: int = 8000):
@@ -96,8 +94,8 @@ def check_attention(device: torch.device) -> None:
 
 def check_model_and_loss(device: torch.device) -> None:
     torch.manual_seed(0)
-    cpu_model = Transformer(tiny_config()).eval()
-    model = Transformer(tiny_config()).to(device).eval()
+    cpu_model = Transformer(recipe_config()).eval()
+    model = Transformer(recipe_config()).to(device).eval()
     model.load_state_dict(cpu_model.state_dict())
     src, lens, tgt_in, tgt_out = random_batch(16, 30, 25, device)
     with torch.no_grad():
@@ -142,7 +140,7 @@ def check_model_and_loss(device: torch.device) -> None:
 def time_training(device: torch.device, steps: int = 30) -> None:
     """Tokens/s of the training step (model + fused loss + Adam), float32 vs bf16, alternating."""
     torch.manual_seed(0)
-    model = Transformer(tiny_config()).to(device).train()
+    model = Transformer(recipe_config()).to(device).train()
     loss_fn = LabelSmoothedLoss(model, 0.1)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98))
     src, lens, tgt_in, tgt_out = random_batch(256, 16, 16, device)  # ~4,096 target tokens
