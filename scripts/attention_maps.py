@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from transformer.attention_maps import write_attention_maps
 from transformer.checkpoint import CheckpointError
-from transformer.evaluation import load_translator
-from transformer.heads import write_attention_maps
+from transformer.translator import Translator
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        translator, _ = load_translator(args.checkpoint, args.device)
+        translator = Translator.load(args.checkpoint, args.device)
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

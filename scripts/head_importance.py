@@ -1,7 +1,7 @@
 """Measure how much each attention head matters (Michel, Levy & Neubig, 2019).
 
     python scripts/head_importance.py --checkpoint RUN_DIR_OR_PT [--data valid|test]
-        [--data-root ../shared/data/multi30k | --src FILE --ref FILE] [--max-sentences N]
+        [--data-root DIR | --src FILE --ref FILE] [--max-sentences N]
         [--beam-size 1] [--output-dir DIR] [--device auto] [--threads N]
 
 For every head of every attention layer (encoder self, decoder self, encoder-decoder):
@@ -22,10 +22,10 @@ from typing import Optional
 from tqdm import tqdm
 
 from transformer.checkpoint import CheckpointError
-from transformer.data import DataError
+from transformer.attention_maps import attention_layers
 from transformer.evaluation import add_evaluation_arguments, load_for_evaluation
-from transformer.heads import (attention_layers, format_table, head_importance, plot_importance,
-                               write_csv)
+from transformer.heads import format_table, head_importance, plot_importance, write_csv
+from transformer.text import DataError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,13 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        translator, state, sources, references = load_for_evaluation(args)
+        evaluation = load_for_evaluation(args)
     except (CheckpointError, DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    translator, text = evaluation.translator, evaluation.text
     total = sum(layer.module.num_heads for layer in attention_layers(translator.model))
     with tqdm(total=total, unit="head", file=sys.stderr) as bar:
-        report = head_importance(translator, sources, references, beam_size=args.beam_size,
+        report = head_importance(translator, text.src, text.tgt, beam_size=args.beam_size,
                                  max_tokens=args.max_tokens, on_head=lambda _: bar.update())
     print(format_table(report))
     args.output_dir.mkdir(parents=True, exist_ok=True)

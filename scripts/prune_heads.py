@@ -1,7 +1,7 @@
 """Remove the least important attention heads of a model for good.
 
     python scripts/prune_heads.py --checkpoint RUN_DIR_OR_PT --fraction 0.3 --output PRUNED.pt
-        [--data valid|test] [--data-root ../shared/data/multi30k | --src FILE --ref FILE]
+        [--data valid|test] [--data-root DIR | --src FILE --ref FILE]
         [--max-sentences N] [--no-normalize] [--device auto] [--threads N]
 
 Criterion: gradient importance (Michel, Levy & Neubig, 2019), the expected absolute gradient
@@ -20,10 +20,10 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from transformer.checkpoint import CheckpointError, save_checkpoint
-from transformer.data import DataError
+from transformer.checkpoint import CheckpointError, save_checkpoint, tokenizers_to_state
 from transformer.evaluation import add_evaluation_arguments, load_for_evaluation
 from transformer.heads import gradient_importance, heads_to_prune, teacher_forced_batches
+from transformer.text import DataError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,26 +43,32 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not 0.0 <= args.fraction < 1.0:
         build_parser().error("--fraction must be in [0, 1)")
     try:
-        translator, state, sources, references = load_for_evaluation(args)
+        evaluation = load_for_evaluation(args)
     except (CheckpointError, DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    translator, text = evaluation.translator, evaluation.text
     model = translator.model
-    batches = teacher_forced_batches(translator.tokenizers, sources, references,
+    batches = teacher_forced_batches(translator.tokenizers, text.src, text.tgt,
                                      translator.device, args.max_tokens)
-    importance, _ = gradient_importance(model, batches)
+    importance = gradient_importance(model, batches).importance
     heads = heads_to_prune(model, importance, args.fraction, normalize=not args.no_normalize)
     before = model.num_parameters()
     model.prune_heads(heads)
     for name in model.config.attention_names():
         if name in heads:
             print(f"{name}: pruned heads {heads[name]}")
-    print(f"pruned {sum(map(len, heads.values()))} heads (importance from {len(sources)} "
+    print(f"pruned {sum(map(len, heads.values()))} heads (importance from {len(text)} "
           f"sentences); parameters {before:,} -> {model.num_parameters():,}")
-    save_checkpoint({"model": model.state_dict(), "model_config": model.config.to_dict(),
-                     "tokenizer": state["tokenizer"], "config": state.get("config"),
-                     "head_importance": {k: v.tolist() for k, v in importance.items()},
-                     "pruned_from": str(args.checkpoint)}, args.output)
+    try:
+        save_checkpoint({"model": model.state_dict(), "model_config": model.config.to_dict(),
+                         "tokenizer": tokenizers_to_state(translator.tokenizers),
+                         "config": translator.training_config,
+                         "head_importance": {k: v.tolist() for k, v in importance.items()},
+                         "pruned_from": str(args.checkpoint)}, args.output)
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(f"wrote {args.output}")
     return 0
 

@@ -1,7 +1,8 @@
 """Train a translation model: a thin Hydra entry point over `transformer.training.train`.
 
-    python scripts/train.py data.root=../shared/data/multi30k        # Multi30k en->de recipe
-    python scripts/train.py experiment=smoke data.root=../shared/data/multi30k
+    python scripts/train.py                          # Multi30k en->de recipe (downloads it)
+    python scripts/train.py data.root=DIR            # Multi30k already in DIR (offline)
+    python scripts/train.py experiment=smoke
     python scripts/train.py model=small optim.lr=0.001 hydra.run.dir=runs/small
     torchrun --nproc_per_node=2 scripts/train.py hydra.run.dir=runs/ddp ...
 
@@ -19,7 +20,8 @@ from omegaconf import DictConfig
 
 from transformer.checkpoint import CheckpointError
 from transformer.config import load_config  # also registers the schema with Hydra
-from transformer.data import DataError
+from transformer.files import WriteError
+from transformer.text import DataError
 from transformer.training import TrainingError, train
 
 
@@ -31,7 +33,7 @@ def main(cfg: DictConfig) -> None:
         sys.exit(f"config error: {e}")
     try:
         train(config, HydraConfig.get().runtime.output_dir)
-    except (TrainingError, CheckpointError, DataError, FileNotFoundError) as e:
+    except (TrainingError, CheckpointError, DataError, FileNotFoundError, WriteError) as e:
         sys.exit(f"error: {e}")
 
 

@@ -4,7 +4,10 @@
         [--beam-size 5] [--nbest 1] [--max-tokens N] [--device auto] [--reference FILE]
         [--paper-protocol TOKENIZED_REFERENCE [--paper-lang de]]
 
-One translation per input line, in input order (an empty line gives an empty line). With
+One translation per input line, in input order (an empty line gives an empty line). Beam
+size and length penalty default to those stored in the checkpoint by
+`scripts/tune_decoding.py` (else beam 5, alpha 1.0); the settings used are printed on stderr.
+`--output` appears only once complete (written atomically). With
 `--nbest K`: K lines per input line, `LINE_NUMBER<TAB>SCORE<TAB>TRANSLATION`, best first.
 With `--reference`: BLEU and chrF with their signatures on stderr, as the sacrebleu CLI
 prints them. With `--paper-protocol`: BLEU as published Multi30k results compute it
@@ -27,9 +30,10 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from transformer.checkpoint import CheckpointError
-from transformer.data import DataError, read_lines
-from transformer.search import DEFAULT_ALPHA
-from transformer.translator import (DEFAULT_MAX_TOKENS, Translator, bleu_report, iter_lines,
+from transformer.files import atomic_write
+from transformer.search import DecodingSettings
+from transformer.text import DataError, iter_lines, read_lines
+from transformer.translator import (DEFAULT_MAX_TOKENS, Translator, bleu_report,
                                     paper_protocol, translate_lines)
 
 
@@ -40,13 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "averaged")
     p.add_argument("--input", type=Path, help="input file (default: standard input)")
     p.add_argument("--output", type=Path, help="output file (default: standard output)")
-    p.add_argument("--beam-size", type=int, default=5)
+    p.add_argument("--beam-size", type=int,
+                   help="default: the checkpoint's chosen beam size, else 5")
     p.add_argument("--nbest", type=int, default=1, help="translations per input line")
-    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                   help="length-penalty exponent (GNMT); 0 ranks by plain log-prob")
-    p.add_argument("--max-len-a", type=float, default=1.5,
-                   help="outputs have at most a * source_len + b tokens")
-    p.add_argument("--max-len-b", type=int, default=10)
+    p.add_argument("--alpha", type=float,
+                   help="length-penalty exponent (GNMT); 0 ranks by plain log-prob (default: "
+                        "the checkpoint's chosen alpha, else 1.0)")
+    p.add_argument("--max-len-a", type=float,
+                   help="outputs have at most a * source_len + b tokens (default 1.5)")
+    p.add_argument("--max-len-b", type=int, help="(default 10)")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                    help="source tokens per batch (padding included, before the beam)")
     p.add_argument("--chunk-lines", type=int, default=10_000,
@@ -91,11 +97,17 @@ def run(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     translator = Translator.load(args.checkpoint, device=args.device)
+    settings = translator.settings(beam_size=args.beam_size, alpha=args.alpha,
+                                   max_len_a=args.max_len_a, max_len_b=args.max_len_b)
+    print(f"decoding: {_describe(settings, translator.decoding, args)}", file=sys.stderr)
+    if args.nbest > settings.beam_size:
+        raise DataError(f"--nbest {args.nbest} is larger than the beam size "
+                        f"{settings.beam_size}")
     with contextlib.ExitStack() as stack:
         source = (stack.enter_context(open(args.input, "rb")) if args.input
                   else sys.stdin.buffer)
-        out = (stack.enter_context(open(args.output, "w", encoding="utf-8", newline="\n"))
-               if args.output else sys.stdout)
+        out = (stack.enter_context(atomic_write(args.output, text=True)) if args.output
+               else sys.stdout)
         bar = stack.enter_context(tqdm(total=total, unit="sent", disable=interactive,
                                        file=sys.stderr, dynamic_ncols=True))
         stack.enter_context(logging_redirect_tqdm())
@@ -103,8 +115,9 @@ def run(args: argparse.Namespace) -> None:
             translator, iter_lines(source, str(args.input or "<stdin>")), out,
             chunk_lines=1 if interactive else args.chunk_lines, flush=interactive,
             keep=references is not None or paper_refs is not None, on_progress=bar.update,
-            nbest=args.nbest, beam_size=args.beam_size, alpha=args.alpha,
-            max_tokens=args.max_tokens, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
+            nbest=args.nbest, beam_size=settings.beam_size, alpha=settings.alpha,
+            max_tokens=args.max_tokens, max_len_a=settings.max_len_a,
+            max_len_b=settings.max_len_b)
     if references is not None:
         for line in bleu_report(hypotheses, references):
             print(line, file=sys.stderr)
@@ -114,6 +127,19 @@ def run(args: argparse.Namespace) -> None:
         tokenized = paper_protocol(hypotheses, lang)
         for line in bleu_report(tokenized, paper_refs, tokenize="none", chrf=False):
             print(line, file=sys.stderr)
+
+
+def _describe(settings: DecodingSettings, stored: DecodingSettings,
+              args: argparse.Namespace) -> str:
+    """E.g. "beam 5, alpha 2.5 (from the checkpoint), max length 1.5 * source + 10"."""
+    def origin(name: str) -> str:
+        given = getattr(args, name) is not None
+        chosen = getattr(stored, name) != getattr(DecodingSettings(), name)
+        return "" if given or not chosen else " (from the checkpoint)"
+
+    return (f"beam {settings.beam_size}{origin('beam_size')}, alpha {settings.alpha:g}"
+            f"{origin('alpha')}, max length {settings.max_len_a:g} * source + "
+            f"{settings.max_len_b}")
 
 
 def _paper_lang(args: argparse.Namespace) -> str:
@@ -126,10 +152,12 @@ def _paper_lang(args: argparse.Namespace) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    if min(args.beam_size, args.max_tokens, args.chunk_lines) < 1 or args.alpha < 0:
-        build_parser().error("--beam-size, --max-tokens, --chunk-lines must be >= 1, "
+    if (min(args.max_tokens, args.chunk_lines, args.nbest) < 1
+            or (args.beam_size is not None and args.beam_size < 1)
+            or (args.alpha is not None and args.alpha < 0)):
+        build_parser().error("--beam-size, --nbest, --max-tokens, --chunk-lines must be >= 1, "
                              "--alpha >= 0")
-    if not 1 <= args.nbest <= args.beam_size:
+    if args.beam_size is not None and args.nbest > args.beam_size:
         build_parser().error("--nbest must be between 1 and --beam-size")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     try:

@@ -2,12 +2,14 @@
 
     python scripts/tune_decoding.py RUN_DIR -o CHOSEN.pt [--within SECONDS]
         [--last 1 2 3 5 10] [--alpha 1.0 1.5 2.0 2.5 3.0] [--beam-size 5]
-        [--data-root ../shared/data/multi30k | --src FILE --ref FILE] [--device auto]
+        [--data-root DIR | --src FILE --ref FILE] [--device auto]
 
-Decodes the Multi30k validation split (in the run's language pair) with the average of the
-newest N numbered checkpoints for each N of --last, and each length-penalty alpha of
---alpha, printing cased sacreBLEU for each. Writes the best average to CHOSEN.pt (ties: fewer
-checkpoints, then the alpha listed first) and prints the alpha to translate it with.
+Decodes the run's validation split (found as the run found it: its data=files paths, or
+Multi30k in its data.root, else in the download cache) with the average of the newest N
+numbered checkpoints for each N of --last, and each length-penalty alpha of --alpha, printing
+cased sacreBLEU for each. Writes the best average to CHOSEN.pt with the chosen alpha and beam
+size (ties: fewer checkpoints, then the alpha listed first); `scripts/translate.py
+--checkpoint CHOSEN.pt` then decodes with them unless told otherwise.
 `--within 1800` considers only the checkpoints saved in the first 30 minutes of training.
 The test set is not an option here: choices are made on validation data only.
 """
@@ -23,7 +25,7 @@ import torch
 
 from transformer.checkpoint import (CheckpointError, average_checkpoints, load_checkpoint,
                                     save_checkpoint)
-from transformer.data import DataError
+from transformer.text import DataError
 from transformer.evaluation import (DecodingTrial, add_evaluation_arguments, best_trial,
                                     checkpoints_within, evaluation_text, tune_decoding)
 from transformer.translator import DEFAULT_MAX_TOKENS
@@ -53,15 +55,15 @@ def _row(trial: DecodingTrial) -> str:
 def run(args: argparse.Namespace) -> None:
     folder = args.run / "checkpoints" if (args.run / "checkpoints").is_dir() else args.run
     checkpoints = checkpoints_within(folder, args.within)
-    sources, references = evaluation_text(load_checkpoint(checkpoints[-1]), data=args.data,
-                                          data_root=args.data_root, src=args.src, ref=args.ref,
-                                          max_sentences=args.max_sentences)
+    run_config = load_checkpoint(checkpoints[-1], mmap=True).get("config")
+    text = evaluation_text(run_config, data=args.data, data_root=args.data_root, src=args.src,
+                           ref=args.ref, max_sentences=args.max_sentences)
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"{len(checkpoints)} checkpoints ({checkpoints[0].name} .. {checkpoints[-1].name}); "
-          f"validation: {len(sources)} sentences, beam {args.beam_size}")
+          f"validation: {len(text)} sentences, beam {args.beam_size}")
     print("last  alpha   BLEU  BP     newest")
-    trials = tune_decoding(checkpoints, sources, references, lasts=args.last,
+    trials = tune_decoding(checkpoints, text.src, text.tgt, lasts=args.last,
                            alphas=args.alpha, beam_size=args.beam_size,
                            max_tokens=args.max_tokens, device=args.device,
                            on_trial=lambda t: print(_row(t), flush=True))
@@ -69,11 +71,11 @@ def run(args: argparse.Namespace) -> None:
     state = average_checkpoints(best.checkpoints)
     state["decoding"] = {"alpha": best.alpha, "beam_size": args.beam_size,
                          "valid_bleu": best.bleu}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
     save_checkpoint(state, args.output)
     print(f"chosen: the average of the last {len(best.checkpoints)} checkpoint(s), alpha "
           f"{best.alpha:g}: validation BLEU {best.bleu:.2f}")
-    print(f"wrote {args.output}; translate with --checkpoint {args.output} --alpha {best.alpha:g}")
+    print(f"wrote {args.output}; scripts/translate.py --checkpoint {args.output} decodes with "
+          f"alpha {best.alpha:g} and beam {args.beam_size} unless told otherwise")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

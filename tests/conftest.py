@@ -1,43 +1,89 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures.
+
+Most tests read the small slice of Multi30k in `tests/data/multi30k` (its README says what it
+is), so the suite runs from a bare clone. The few that need the whole corpus ask for the
+`full_multi30k` fixture: `$MULTI30K_DIR`, else `../shared/data/multi30k` beside the
+repository, else the package's download cache (downloaded with checksums if missing). Where
+none of these can be had, those tests fail and say how to provide the data.
+"""
 
 from __future__ import annotations
 
 import gzip
+import os
 from pathlib import Path
 
 import pytest
 
-# Multi30k raw files shared by all checkouts (never copied into the repo): ../shared/data/multi30k
-MULTI30K_DIR = Path(__file__).resolve().parents[1].parent / "shared/data/multi30k"
+REPO = Path(__file__).resolve().parents[1]
+MULTI30K_SLICE = REPO / "tests" / "data" / "multi30k"
+SHARED_MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
+FULL_LANGS = ("en", "de", "fr")  # what the full-corpus tests read, raw and tokenized
 
 
 @pytest.fixture(scope="session")
 def multi30k_dir() -> Path:
-    """The folder holding the raw Multi30k files (train/val/test_2016_flickr x en/de/fr/cs)."""
-    assert (MULTI30K_DIR / "train.en.gz").is_file(), f"Multi30k data not found in {MULTI30K_DIR}"
-    return MULTI30K_DIR
+    """The slice of Multi30k (train 3,000 / val 300 / test_2016_flickr 300 pairs, en and
+    de), laid out as the full dataset: usable as `data.root`."""
+    return MULTI30K_SLICE
 
 
-def _read_multi30k(name: str) -> list[str]:
-    """The lines of one Multi30k file, e.g. "val.en.gz"."""
-    return gzip.decompress((MULTI30K_DIR / name).read_bytes()).decode("utf-8").split("\n")[:-1]
+def _read_gz(path: Path) -> list[str]:
+    return gzip.decompress(path.read_bytes()).decode("utf-8").split("\n")[:-1]
 
 
 @pytest.fixture(scope="session")
 def multi30k_lines():
-    """A function: Multi30k file name (e.g. "val.en.gz") -> its lines."""
-    return _read_multi30k
+    """A function: Multi30k file name of the slice (e.g. "val.en.gz") -> its lines."""
+    return lambda name: _read_gz(MULTI30K_SLICE / name)
+
+
+def _has_full_corpus(root: Path) -> bool:
+    from transformer.multi30k import SHA256
+
+    wanted = [name for name in SHA256
+              if name.removesuffix(".gz").rsplit(".", 1)[-1] in FULL_LANGS]
+    return all((root / name).is_file() for name in wanted)
 
 
 @pytest.fixture(scope="session")
-def multi30k_tokenizer_path(multi30k_dir, tmp_path_factory) -> Path:
-    """A SentencePiece model with the default data settings (joint en+de, unigram, vocab 8000)
-    trained once per session on Multi30k train; about 5 s on 2 cores."""
+def full_multi30k() -> Path:
+    """The whole Multi30k (raw en/de/fr, and the tokenized val/test references)."""
+    from transformer.multi30k import DEFAULT_ROOT, download_multi30k
+
+    candidates = [Path(os.environ["MULTI30K_DIR"])] if os.environ.get("MULTI30K_DIR") else []
+    candidates += [SHARED_MULTI30K, Path(DEFAULT_ROOT).expanduser()]
+    for root in candidates:
+        if _has_full_corpus(root):
+            return root
+    cache = Path(DEFAULT_ROOT).expanduser()
+    try:
+        download_multi30k(cache, FULL_LANGS, tokenized=True)
+        return cache
+    except (OSError, ValueError) as e:  # no network (DataError), a full disk (WriteError)
+        error = e
+    pytest.fail(
+        f"this test needs the whole Multi30k corpus and could not download it ({error}). "
+        f"Put the files of multi30k/dataset data/task1/raw/ ({', '.join(FULL_LANGS)}) and "
+        "data/task1/tok/ into ../shared/data/multi30k beside the repository, or into the "
+        "folder named by $MULTI30K_DIR, or allow the download.", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def full_multi30k_lines(full_multi30k):
+    """A function: file name of the whole corpus (e.g. "train.en.gz") -> its lines."""
+    return lambda name: _read_gz(full_multi30k / name)
+
+
+@pytest.fixture(scope="session")
+def multi30k_tokenizer_path(tmp_path_factory) -> Path:
+    """A SentencePiece model with the default data settings but a 2,000-piece vocabulary
+    (joint en+de, unigram), trained once per session on the slice's training split."""
     from transformer.tokenizer import Tokenizer
 
-    texts = _read_multi30k("train.en.gz") + _read_multi30k("train.de.gz")
-    path = tmp_path_factory.mktemp("spm") / "multi30k-unigram-8000.model"
-    Tokenizer.train(texts, path, vocab_size=8000, model_type="unigram")
+    texts = _read_gz(MULTI30K_SLICE / "train.en.gz") + _read_gz(MULTI30K_SLICE / "train.de.gz")
+    path = tmp_path_factory.mktemp("spm") / "multi30k-unigram-2000.model"
+    Tokenizer.train(texts, path, vocab_size=2000, model_type="unigram")
     return path
 
 
@@ -47,7 +93,8 @@ def multi30k_small_tokenizer_path(tmp_path_factory) -> Path:
     lines: for tests whose models only need real pieces, not a good vocabulary."""
     from transformer.tokenizer import Tokenizer
 
-    texts = _read_multi30k("train.en.gz")[:300] + _read_multi30k("train.de.gz")[:300]
+    texts = (_read_gz(MULTI30K_SLICE / "train.en.gz")[:300]
+             + _read_gz(MULTI30K_SLICE / "train.de.gz")[:300])
     path = tmp_path_factory.mktemp("spm") / "spm400.model"
     Tokenizer.train(texts, path, vocab_size=400)
     return path

@@ -132,15 +132,16 @@ def test_equals_torch_multihead_attention(bias, path, kind, monkeypatch):
         torch.testing.assert_close(g1, g2, atol=1e-5, rtol=1e-5)
 
 
-def test_self_attention_equals_torch_with_padding_mask_argument():
-    """Self-attention (the fused QKV matmul) with a boolean key_padding_mask."""
+def test_self_attention_equals_torch_with_key_mask_argument():
+    """Self-attention with a boolean key_mask (True = real key),
+    against torch's key_padding_mask (True = padding): the same masking, opposite polarity."""
     torch.manual_seed(0)
     d, h = 16, 2
     ours = MultiHeadAttention(d, d, d, d, h, 0.0, bias=True).eval()
     ref = copy_to_torch_mha(ours, True).eval()
     X = torch.randn(2, 5, d)
     pad = torch.tensor([[False] * 5, [False, False, True, True, True]])
-    out1, (g1,) = run_with_grads(lambda x: ours(x, x, x, key_padding_mask=pad), X)
+    out1, (g1,) = run_with_grads(lambda x: ours(x, x, x, key_mask=~pad), X)
     out2, (g2,) = run_with_grads(lambda x: ref(x, x, x, key_padding_mask=pad)[0], X)
     torch.testing.assert_close(out1, out2, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(g1, g2, atol=1e-5, rtol=1e-5)
@@ -151,7 +152,7 @@ MASK_KINDS = {
     "valid_lens_1d": {"valid_lens": torch.tensor([6, 2, 4])},
     "valid_lens_2d": {"valid_lens": torch.tensor([[1, 2, 3, 4, 5, 6], [6] * 6, [2, 2, 3, 0, 4, 5]])},
     "valid_lens_zero": {"valid_lens": torch.tensor([0, 3, 6])},
-    "key_padding_mask": {"key_padding_mask": torch.arange(6)[None, :] >= torch.tensor([[6], [1], [3]])},
+    "key_mask": {"key_mask": torch.arange(6)[None, :] < torch.tensor([[6], [1], [3]])},
     "causal": {"causal": True},
     "causal+valid_lens": {"causal": True, "valid_lens": torch.tensor([6, 2, 4])},
 }

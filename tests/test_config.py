@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from transformer.config import (CONFIG_DIR, ModelSettings, OptimConfig, TrainConfig,
                                 TrainerConfig, compose_config)
+from transformer.model import Hyperparameters, ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,12 +48,31 @@ def test_model_presets(name, dims):
     assert config.num_hiddens == dims[0] and config.src_vocab_size == 1000
 
 
-@pytest.mark.parametrize("group, schema", [
-    ("model", ModelSettings), ("optim", OptimConfig), ("trainer", TrainerConfig)])
+@pytest.mark.parametrize("group, schema", [("optim", OptimConfig), ("trainer", TrainerConfig)])
 def test_yaml_files_spell_out_every_schema_key(group, schema):
-    """Each option file documents all keys of its schema, in the schema's order."""
+    """Each option file of a group with one schema documents all its keys, in order, and
+    (for the default option) the schema's defaults."""
     for path in sorted((CONFIG_DIR / group).glob("*.yaml")):
         assert list(OmegaConf.load(path).keys()) == [f.name for f in fields(schema)], path
+    default = {"optim": "adam", "trainer": "default"}[group]
+    yaml = OmegaConf.load(CONFIG_DIR / group / f"{default}.yaml")
+    assert OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), yaml)) == schema()
+
+
+def test_model_schema_is_the_models_own_hyperparameters():
+    """One source for each architectural hyperparameter: the `model` group's schema is
+    model.Hyperparameters plus the preset's name, and presets set only what they choose."""
+    architecture = [f.name for f in fields(Hyperparameters)]
+    assert [f.name for f in fields(ModelSettings)] == architecture + ["name"]
+    runtime = {"src_vocab_size", "tgt_vocab_size", "share_embeddings", "pad_id", "pruned_heads"}
+    assert {f.name for f in fields(ModelConfig)} == set(architecture) | runtime
+    for path in sorted((CONFIG_DIR / "model").glob("*.yaml")):
+        keys = list(OmegaConf.load(path).keys())
+        assert keys[0] == "name" and set(keys[1:]) <= set(architecture), path
+    config = ModelSettings(num_hiddens=64, norm_first=True).to_model_config(
+        100, 100, share_embeddings=False)
+    assert config == ModelConfig(num_hiddens=64, norm_first=True, src_vocab_size=100,
+                                 tgt_vocab_size=100, share_embeddings=False)
 
 
 @pytest.mark.parametrize("override, message", [

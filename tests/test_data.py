@@ -16,21 +16,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from transformer.data import (
-    MULTI30K_SHA256,
-    DataConfig,
-    DataError,
-    ParallelCorpus,
-    download_file,
-    download_multi30k,
-    eval_batches,
-    load_data,
-    padding_ratio,
-    read_lines,
-    read_parallel,
-    resolve_files,
-    train_batches,
-)
+from transformer.batching import eval_batches, padding_ratio, train_batches
+from transformer.config import DataConfig
+from transformer.data import ParallelCorpus, load_data, resolve_files
+from transformer.multi30k import SHA256 as MULTI30K_SHA256
+from transformer.multi30k import download_file, download_multi30k
+from transformer.text import DataError, read_lines, read_parallel
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerPair
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "data"
@@ -68,7 +59,7 @@ def serve(directory: Path):
 
 @pytest.fixture(scope="module")
 def multi30k_train(multi30k_dir, multi30k_tokenizer) -> ParallelCorpus:
-    """Multi30k train en->de encoded with the session's default tokenizer."""
+    """The slice's training pairs en->de, encoded with the session's default tokenizer."""
     text = read_parallel(multi30k_dir / "train.en.gz", multi30k_dir / "train.de.gz", split="train")
     return ParallelCorpus.encode(text, TokenizerPair(multi30k_tokenizer, multi30k_tokenizer))
 
@@ -175,7 +166,7 @@ def test_windows_line_endings_and_stray_carriage_returns(tmp_path):
 def test_empty_pairs_dropped_from_train_only(tmp_path, caplog):
     src = write(tmp_path / "s.txt", "a\n\nb\n  \nc\nd\n")
     tgt = write(tmp_path / "t.txt", "A\nB\n\nX\n\t\nD\n")
-    caplog.set_level(logging.INFO, logger="transformer.data")
+    caplog.set_level(logging.INFO, logger="transformer")
     train = read_parallel(src, tgt, split="train")
     assert (train.src, train.tgt, train.lines) == (["a", "d"], ["A", "D"], [0, 5])
     assert "dropped 4 with an empty or whitespace-only side" in caplog.text
@@ -185,7 +176,7 @@ def test_empty_pairs_dropped_from_train_only(tmp_path, caplog):
 
 
 def test_files_config_end_to_end(tmp_path, multi30k_tokenizer_path, caplog):
-    caplog.set_level(logging.INFO, logger="transformer.data")
+    caplog.set_level(logging.INFO, logger="transformer")
     cfg = files_config(tmp_path, multi30k_tokenizer_path)
     data = load_data(cfg, tmp_path / "run")
     # train: pairs 1, 3 (blank side) and 5 (empty target) dropped; pair 4 is too long
@@ -211,9 +202,9 @@ def test_missing_file_names_the_key(tmp_path, multi30k_tokenizer_path):
 # ---- Multi30k download over loopback HTTP -----------------------------------------------
 
 
-def test_download_multi30k_over_http_with_checksums(multi30k_dir, tmp_path):
+def test_download_multi30k_over_http_with_checksums(full_multi30k, tmp_path):
     root = tmp_path / "multi30k"
-    with serve(multi30k_dir) as url:
+    with serve(full_multi30k) as url:
         cfg = DataConfig(root=str(root), base_url=url, src_lang="de", tgt_lang="en")
         files = resolve_files(cfg)  # downloads the 6 missing files
     names = sorted(p.name for p in root.iterdir())
@@ -230,12 +221,13 @@ def test_corrupted_download_is_rejected_and_not_saved(multi30k_dir, tmp_path):
     served = tmp_path / "served"
     served.mkdir()
     raw = bytearray((multi30k_dir / "val.en.gz").read_bytes())
+    sha256 = hashlib.sha256(raw).hexdigest()  # of the file as it should arrive
     raw[100] ^= 0xFF
     (served / "val.en.gz").write_bytes(bytes(raw))
     dest = tmp_path / "root"
     with serve(served) as url:
         with pytest.raises(DataError) as info:
-            download_file(url + "val.en.gz", dest / "val.en.gz", MULTI30K_SHA256["val.en.gz"])
+            download_file(url + "val.en.gz", dest / "val.en.gz", sha256)
         assert "val.en.gz" in str(info.value) and "checksum mismatch" in str(info.value)
         with pytest.raises(DataError, match="could not download val.de.gz"):  # HTTP 404
             download_file(url + "val.de.gz", dest / "val.de.gz", MULTI30K_SHA256["val.de.gz"])
@@ -250,7 +242,7 @@ def test_multi30k_load_trains_once_and_caches(multi30k_dir, tmp_path, monkeypatc
     run = tmp_path / "run"
     first = load_data(cfg, run)
     assert (run / "spm.model").is_file() and len(list((run / "cache").glob("*.pt"))) == 3
-    assert (len(first.train), len(first.valid), len(first.test)) == (29000, 1014, 1000)
+    assert (len(first.train), len(first.valid), len(first.test)) == (3000, 300, 300)
     assert first.tokenizer.vocab_size == 2000
 
     def fail(*args, **kwargs):
@@ -387,9 +379,15 @@ def test_rank_shards_split_batches_when_needed():
         train_batches(lens, lens, 40, seed=0, epoch=0, rank=4, world_size=4)
 
 
-def test_padding_at_most_ten_percent_on_multi30k(multi30k_train):
-    """Multi30k train en->de, default tokenizer and max_tokens: real tokens (EOS/BOS included)
-    are >= 90% of all batch positions, source and target together."""
+def test_padding_at_most_ten_percent_on_multi30k(full_multi30k, full_multi30k_lines, tmp_path):
+    """The whole of Multi30k train en->de, the default tokenizer settings and max_tokens: real
+    tokens (EOS/BOS included) are >= 90% of all batch positions, both sides together."""
+    tokenizer = Tokenizer.train(full_multi30k_lines("train.en.gz")
+                                + full_multi30k_lines("train.de.gz"), vocab_size=8000)
+    text = read_parallel(full_multi30k / "train.en.gz", full_multi30k / "train.de.gz",
+                         split="train")
+    multi30k_train = ParallelCorpus.encode(text, TokenizerPair(tokenizer, tokenizer))
+    assert len(multi30k_train) == 29000
     for epoch in range(2):
         lens = (multi30k_train.src_lens, multi30k_train.tgt_lens)
         batches = train_batches(*lens, 4096, seed=1, epoch=epoch)
@@ -408,7 +406,7 @@ def test_eval_batches_fixed_order_and_complete(multi30k_dir, multi30k_tokenizer)
     corpus = ParallelCorpus.encode(text, pair, keep_text=True)
     batches = eval_batches(corpus.src_lens, corpus.tgt_lens, 1000)
     assert batches == eval_batches(corpus.src_lens, corpus.tgt_lens, 1000)
-    assert sorted(i for b in batches for i in b) == list(range(1014))
+    assert sorted(i for b in batches for i in b) == list(range(len(text)))
     translations = [None] * len(corpus)
     for b in batches:
         batch = corpus.collate(b)
@@ -417,11 +415,11 @@ def test_eval_batches_fixed_order_and_complete(multi30k_dir, multi30k_tokenizer)
             translations[i] = multi30k_tokenizer.decode(batch.tgt_out[row].tolist())
     assert translations[:50] == [" ".join(t.split()) for t in text.tgt[:50]]
     src_only = eval_batches(corpus.src_lens, None, 1000)
-    assert sorted(i for b in src_only for i in b) == list(range(1014))
+    assert sorted(i for b in src_only for i in b) == list(range(len(text)))
     shards = [eval_batches(corpus.src_lens, corpus.tgt_lens, 1000, rank=r, world_size=3)
               for r in range(3)]
     assert len({len(s) for s in shards}) == 1
-    assert sorted(i for s in shards for b in s for i in b) == list(range(1014))
+    assert sorted(i for s in shards for b in s for i in b) == list(range(len(text)))
 
 
 def test_data_train_batches_uses_config(tmp_path, multi30k_tokenizer_path):

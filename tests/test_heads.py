@@ -10,14 +10,13 @@ import copy
 import csv
 import importlib.util
 import math
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer import heads
+from transformer import attention_maps, heads
 from transformer.attention import MultiHeadAttention
 from transformer.checkpoint import (CheckpointError, average_checkpoints, check_model_config,
                                     load_checkpoint, model_from_checkpoint, save_checkpoint,
@@ -107,7 +106,7 @@ def test_default_path_is_unchanged():
         "norm_first", "share_embeddings", "tie_output", "max_positions", "pad_id"}
     old_style = ModelConfig.from_dict(model.config.to_dict())  # a checkpoint from before
     assert old_style.pruned_heads == {} and old_style == model.config
-    for layer in heads.attention_layers(model):
+    for layer in attention_maps.attention_layers(model):
         assert layer.module.head_mask is None and layer.module.head_ids == [0, 1, 2, 3]
 
     torch.manual_seed(0)
@@ -270,7 +269,7 @@ def test_importance_scores_match_direct_computations(tokenizers, pairs):
     entropies, queries = torch.zeros(4), 0
     for src, ref in zip(sources, references):
         src_ids, tgt_ids = tokenizers.src.encode(src), tokenizers.tgt.encode(ref)
-        w = heads.attention_maps(model, src_ids, tgt_ids)["encoder.blks.0.attention"]
+        w = attention_maps.attention_maps(model, src_ids, tgt_ids)["encoder.blks.0.attention"]
         entropies += -(w * w.clamp_min(1e-30).log()).sum(-1).sum(-1)  # (heads,)
         queries += w.shape[1]
     entropy = [s.entropy for s in report.heads if s.name == "encoder.blks.0.attention"]
@@ -292,7 +291,7 @@ def test_heads_to_prune_ranks_normalized_scores_and_keeps_a_head_per_layer():
     everything = heads.heads_to_prune(model, importance, 1.0)
     assert all(len(everything[n]) == 3 for n in names)  # one head left everywhere
     model.prune_heads(everything)
-    assert all(layer.module.num_heads == 1 for layer in heads.attention_layers(model))
+    assert all(layer.module.num_heads == 1 for layer in attention_maps.attention_layers(model))
 
 
 # ---- attention maps and scripts -----------------------------------------------------------
@@ -304,7 +303,7 @@ def test_attention_maps_shapes_and_state_restored(tmp_path, tokenizers, pairs):
     model.train()
     src, ref = pairs[0][0], pairs[1][0]
     src_ids, tgt_ids = tokenizers.src.encode(src), tokenizers.tgt.encode(ref)
-    maps = heads.attention_maps(model, src_ids, tgt_ids)
+    maps = attention_maps.attention_maps(model, src_ids, tgt_ids)
     S, T = len(src_ids) + 1, len(tgt_ids) + 1
     assert maps["encoder.blks.0.attention"].shape == (4, S, S)
     assert maps["decoder.blks.0.attention1"].shape == (4, T, T)
@@ -313,10 +312,10 @@ def test_attention_maps_shapes_and_state_restored(tmp_path, tokenizers, pairs):
     for w in maps.values():
         torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:2]))
     assert model.training  # restored
-    for layer in heads.attention_layers(model):
+    for layer in attention_maps.attention_layers(model):
         assert not layer.module.need_weights and layer.module.attention.attention_weights is None
 
-    paths = heads.write_attention_maps(model, tokenizers, src, ref, tmp_path)
+    paths = attention_maps.write_attention_maps(model, tokenizers, src, ref, tmp_path)
     assert sorted(p.name for p in paths) == sorted(
         f"{kind}-0.png" for kind in ("enc-self", "dec-self", "enc-dec"))
     for path in paths:
@@ -363,8 +362,11 @@ def test_scripts_on_a_tiny_checkpoint(tmp_path, tokenizers, pairs, capsys):
 
 
 def test_validation_logs_attention_without_side_effects(tmp_path, multi30k_dir,
-                                                        multi30k_small_tokenizer_path):
+                                                        multi30k_small_tokenizer_path,
+                                                        monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from transformer import training
 
     cfg = compose_config([
         f"data.root={multi30k_dir}", f"data.spm_model={multi30k_small_tokenizer_path}",
@@ -374,12 +376,22 @@ def test_validation_logs_attention_without_side_effects(tmp_path, multi30k_dir,
         "model.num_decoder_layers=1", "trainer.bleu_max_sentences=4", "trainer.device=cpu"])
     trainer = Trainer(cfg, tmp_path, DistEnv())
     try:
-        trainer._start_time = time.monotonic()  # set by fit()
         rng = torch.get_rng_state()
-        trainer.validate()
+        report = trainer.validate()  # writes nothing
+        assert report.figure is not None and len(report.samples) == 4
         assert torch.equal(torch.get_rng_state(), rng) and trainer.model.training
-        for layer in heads.attention_layers(trainer.model):
+        trainer.validate_and_save()
+        assert torch.equal(torch.get_rng_state(), rng) and trainer.model.training
+        for layer in attention_maps.attention_layers(trainer.model):
             assert not layer.module.need_weights
+
+        def fail(*args, **kwargs):
+            raise RuntimeError("validation failed")
+
+        monkeypatch.setattr(training, "search_corpus", fail)
+        with pytest.raises(RuntimeError, match="validation failed"):
+            trainer.validate()
+        assert trainer.model.training  # restored although validation raised
     finally:
         trainer.close()
     events = EventAccumulator(str(tmp_path))

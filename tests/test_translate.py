@@ -24,7 +24,7 @@ from torch import nn
 from transformer.checkpoint import CheckpointError, save_checkpoint, tokenizers_to_state
 from transformer.evaluation import best_trial, checkpoints_within, tune_decoding
 from transformer.model import ModelConfig, Transformer
-from transformer.search import beam_search, greedy_search
+from transformer.search import DecodingSettings, beam_search, greedy_search
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerPair
 from transformer.translator import Translator, bleu_report, paper_protocol, translate_lines
 
@@ -168,6 +168,40 @@ def test_translate_returns_strings_scores_and_nbest(random_runs):
     assert nbest[1] == [("", 0.0)] * 3
 
 
+def test_checkpoint_decoding_settings_are_the_defaults(random_runs, tmp_path, capsys):
+    """A checkpoint that stores decoding settings (tune_decoding.py's chosen.pt) translates
+    with them unless the caller passes others; translate.py says which it used."""
+    state = torch.load(random_runs[0] / "checkpoints" / "checkpoint_best.pt", weights_only=True)
+    chosen = tmp_path / "chosen.pt"
+    save_checkpoint({**state, "decoding": {"alpha": 2.5, "beam_size": 3, "valid_bleu": 12.0}},
+                    chosen)
+    translator = Translator.load(chosen, device="cpu")
+    assert translator.decoding == DecodingSettings(beam_size=3, alpha=2.5)
+    lines = ["A man rides a bike.", "Zwei Hunde spielen im Schnee.", "A red car."]
+    stored = translator.translate(lines, return_scores=True, max_len_b=5)
+    plain = Translator.load(random_runs[0], device="cpu")
+    assert plain.decoding == DecodingSettings()
+    assert stored == plain.translate(lines, beam_size=3, alpha=2.5, return_scores=True,
+                                     max_len_b=5)
+    default_scores = [s[0][1] for s in plain.translate(lines, return_scores=True, max_len_b=5)]
+    assert default_scores != [s[0][1] for s in stored]  # alpha 1 vs 2.5: other scores
+
+    src = write_lines(tmp_path / "in.txt", lines)
+    args = ["--checkpoint", str(chosen), "--input", str(src), "--output",
+            str(tmp_path / "out.txt"), "--max-len-b", "5", "--device", "cpu"]
+    assert translate_script.main(args) == 0
+    assert "decoding: beam 3 (from the checkpoint), alpha 2.5 (from the checkpoint), " \
+           "max length 1.5 * source + 5" in capsys.readouterr().err
+    written = lambda: (tmp_path / "out.txt").read_text().split("\n")[:-1]  # noqa: E731
+    assert written() == [s[0][0] for s in stored]
+    assert translate_script.main(args + ["--alpha", "1", "--beam-size", "5"]) == 0
+    assert "decoding: beam 5, alpha 1, max length" in capsys.readouterr().err
+    assert written() == plain.translate(lines, max_len_b=5)
+    save_checkpoint({**state, "decoding": {"alpha": -1.0}}, tmp_path / "bad.pt")
+    with pytest.raises(CheckpointError, match="invalid decoding settings"):
+        Translator.load(tmp_path / "bad.pt")
+
+
 def test_averaging_two_checkpoints_gives_the_mean(random_runs):
     a, b = (Translator.load(run, device="cpu").model.state_dict() for run in random_runs)
     avg = Translator.load(random_runs, device="cpu").model.state_dict()
@@ -209,12 +243,12 @@ def test_bleu_report_matches_the_sacrebleu_cli(tmp_path):
 
 
 @pytest.mark.parametrize("lang", ["de", "en", "fr"])
-def test_paper_protocol_reproduces_the_datasets_tokenized_references(multi30k_dir, multi30k_lines,
-                                                                     lang):
+def test_paper_protocol_reproduces_the_datasets_tokenized_references(full_multi30k,
+                                                                     full_multi30k_lines, lang):
     """Our lowercase + sacremoses pipeline against the dataset's own Perl-made files."""
     for split in ("test_2016_flickr", "val"):
-        raw = multi30k_lines(f"{split}.{lang}.gz")
-        tok = (multi30k_dir / "tok" / f"{split}.lc.norm.tok.{lang}").read_text(
+        raw = full_multi30k_lines(f"{split}.{lang}.gz")
+        tok = (full_multi30k / "tok" / f"{split}.lc.norm.tok.{lang}").read_text(
             encoding="utf-8").split("\n")[:-1]
         ours = paper_protocol(raw, lang)
         same = sum(a == b.strip() for a, b in zip(ours, tok))

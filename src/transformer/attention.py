@@ -5,7 +5,7 @@ The public API follows the book's PyTorch code (`masked_softmax`, `transpose_qkv
 value_size, num_hiddens, num_heads, dropout, bias=False)`), so the book's examples run
 unchanged. On top of it, as keyword-only arguments of `MultiHeadAttention.forward`:
 
-* `key_padding_mask` (bool, True = padding) as an alternative to `valid_lens`;
+* `key_mask` (bool, True = a real key) as an alternative to `valid_lens`;
 * `causal=True` for decoder self-attention (query i sees keys <= i);
 * `need_weights=True` to keep the attention weights (explicit path, as in the book);
 * `cache=KVCache(...)` for incremental decoding.
@@ -18,9 +18,12 @@ Without weights requested, attention runs through PyTorch's fused
 `scaled_dot_product_attention` (SDPA) with the same masking semantics, except on CPU with
 fewer than `CPU_FUSED_MIN_KEYS` keys, where the explicit path is faster.
 
-Masks are boolean throughout (True = may attend); masked scores get the dtype's minimum,
-never a literal like -1e9 that overflows in fp16. A query with no key it may attend to
-(e.g. `valid_lens` of 0) yields an all-zero weight row and a zero output, never NaN.
+Every boolean mask in this module, public or internal, means True = may attend (the
+convention of SDPA's boolean `attn_mask`; note that `nn.MultiheadAttention`'s
+`key_padding_mask` is the opposite, True = ignore). The book's `valid_lens` (how many keys
+are real) is the other way to say it. Masked scores get the dtype's minimum, never a literal
+like -1e9 that overflows in fp16. A query with no key it may attend to (e.g. `valid_lens`
+of 0) yields an all-zero weight row and a zero output, never NaN.
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ def attention_mask(
     num_keys: int,
     *,
     valid_lens: Optional[Tensor] = None,
-    key_padding_mask: Optional[Tensor] = None,
+    key_mask: Optional[Tensor] = None,
     causal: bool = False,
     device: Optional[torch.device] = None,
 ) -> Optional[Tensor]:
@@ -102,18 +105,18 @@ def attention_mask(
     With `causal`, query i sees keys <= i + (num_keys - num_queries): the queries are the
     last `num_queries` positions of the key sequence (as when a cache holds the past).
     """
-    if valid_lens is not None and key_padding_mask is not None:
-        raise ValueError("pass either valid_lens or key_padding_mask, not both")
+    if valid_lens is not None and key_mask is not None:
+        raise ValueError("pass either valid_lens or key_mask, not both")
     mask = None
     if valid_lens is not None:
         mask = _valid_lens_mask(valid_lens, num_queries, num_keys)  # (batch, q or 1, keys)
-    elif key_padding_mask is not None:
-        if key_padding_mask.shape != (batch_size, num_keys):
+    elif key_mask is not None:
+        if key_mask.shape != (batch_size, num_keys):
             raise ValueError(
-                f"key_padding_mask must have shape (batch, keys) = {(batch_size, num_keys)}, "
-                f"got {tuple(key_padding_mask.shape)}"
+                f"key_mask must have shape (batch, keys) = {(batch_size, num_keys)}, "
+                f"got {tuple(key_mask.shape)}"
             )
-        mask = ~key_padding_mask.bool()[:, None, :]  # (batch, 1, keys)
+        mask = key_mask.bool()[:, None, :]  # (batch, 1, keys)
     if causal and num_queries > 1:  # a single (newest) query may see every key
         q = torch.arange(num_queries, device=device)[:, None] + (num_keys - num_queries)
         future = torch.arange(num_keys, device=device)[None, :] <= q  # (queries, keys)
@@ -207,9 +210,8 @@ class KVCache:
             self.values = self.values.index_select(0, index)
 
 
-# PyTorch's fused CPU kernel loses to two bmm's when there are few keys (forward+backward,
-# 4,096 tokens, 4 heads of 32: 16 keys 2.0x slower, 32 keys 1.4x, 64 keys 0.9x, 128 keys
-# 0.7x), so on CPU shorter attention takes the explicit path. Multi30k sentences are ~15.
+# PyTorch's fused CPU kernel loses to two bmm's when there are few keys, so on CPU shorter
+# attention takes the explicit path (measured in docs/RESULTS.md, "Attention").
 CPU_FUSED_MIN_KEYS = 48
 
 
@@ -290,7 +292,7 @@ class MultiHeadAttention(nn.Module):
         values: Tensor,
         valid_lens: Optional[Tensor] = None,
         *,
-        key_padding_mask: Optional[Tensor] = None,
+        key_mask: Optional[Tensor] = None,
         causal: bool = False,
         need_weights: Optional[bool] = None,
         cache: Optional[KVCache] = None,
@@ -298,7 +300,7 @@ class MultiHeadAttention(nn.Module):
         """queries (batch, q, query_size), keys/values (batch, k, *) -> (batch, q, num_hiddens).
 
         valid_lens: (batch,) or (batch, q), keys at or beyond it are ignored (the book's API).
-        key_padding_mask: (batch, k) bool, True marks padding; an alternative to valid_lens.
+        key_mask: (batch, k) bool, True marks a real key; an alternative to valid_lens.
         causal: query i attends to keys <= i (counting cached keys as the past).
         need_weights: keep `attention.attention_weights` (batch * num_heads, q, k); runs the
             explicit path. None means `self.need_weights`.
@@ -311,7 +313,7 @@ class MultiHeadAttention(nn.Module):
         num_keys = k.shape[2]
         mask = attention_mask(
             batch_size, num_queries, num_keys,
-            valid_lens=valid_lens, key_padding_mask=key_padding_mask,
+            valid_lens=valid_lens, key_mask=key_mask,
             causal=causal, device=q.device,
         )  # (batch or 1, 1, q or 1, k) or None
         if need_weights or (q.device.type == "cpu" and num_keys < CPU_FUSED_MIN_KEYS):
@@ -321,7 +323,7 @@ class MultiHeadAttention(nn.Module):
         else:
             self.attention.attention_weights = None
             # Plain causal self-attention: SDPA builds the causal mask inside its kernel.
-            plain_causal = (causal and valid_lens is None and key_padding_mask is None
+            plain_causal = (causal and valid_lens is None and key_mask is None
                             and num_queries == num_keys)
             output = self._fused_attention(q, k, v, None if plain_causal else mask, plain_causal)
         if self.head_mask is not None:  # (num_heads,) or (batch, num_heads)
@@ -335,31 +337,17 @@ class MultiHeadAttention(nn.Module):
         h = self.num_heads
         if cache is not None and cache.static and cache.keys is not None:
             return _split_heads(self.W_q(queries), h), cache.keys, cache.values
-        if queries is keys and keys is values and self._same_sizes():
-            # Self-attention: one matmul over the concatenated W_q, W_k, W_v weights.
-            qkv = F.linear(queries, self._qkv_weight(), self._qkv_bias())
-            q, k, v = (_split_heads(x, h) for x in qkv.chunk(3, dim=-1))
-        else:
-            q = _split_heads(self.W_q(queries), h)
-            k = _split_heads(self.W_k(keys), h)
-            v = _split_heads(self.W_v(values), h)
+        # Three matmuls, as the book writes it. (One matmul over the concatenated weights
+        # would need the concatenation redone after every weight change; docs/RESULTS.md.)
+        q = _split_heads(self.W_q(queries), h)
+        k = _split_heads(self.W_k(keys), h)
+        v = _split_heads(self.W_v(values), h)
         if cache is not None:
             if not cache.static and cache.keys is not None:
                 k = torch.cat([cache.keys, k], dim=2)
                 v = torch.cat([cache.values, v], dim=2)
             cache.keys, cache.values = k, v
         return q, k, v
-
-    def _same_sizes(self) -> bool:
-        return self.W_q.in_features == self.W_k.in_features == self.W_v.in_features
-
-    def _qkv_weight(self) -> Tensor:
-        return torch.cat([self.W_q.weight, self.W_k.weight, self.W_v.weight])
-
-    def _qkv_bias(self) -> Optional[Tensor]:
-        if self.W_q.bias is None:
-            return None
-        return torch.cat([self.W_q.bias, self.W_k.bias, self.W_v.bias])
 
     def _explicit_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
         """The book's path: heads folded into the batch axis, weights kept."""

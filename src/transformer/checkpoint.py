@@ -26,6 +26,7 @@ from typing import Any, Sequence, Union
 
 import torch
 
+from .files import atomic_write
 from .model import ModelConfig, Transformer
 from .tokenizer import Tokenizer, TokenizerPair
 
@@ -49,28 +50,14 @@ class CheckpointError(RuntimeError):
 
 def save_checkpoint(state: dict[str, Any], path: PathLike) -> None:
     """Write `state` to `path` atomically: a crash never leaves a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save({"format_version": FORMAT_VERSION, **state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_write(path) as f:
+        torch.save({"format_version": FORMAT_VERSION, **state}, f)
 
 
 def copy_checkpoint(src: PathLike, dst: PathLike) -> None:
     """Copy a checkpoint file atomically (temporary file, then rename)."""
-    dst = Path(dst)
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-    try:
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with open(src, "rb") as source, atomic_write(dst) as f:
+        shutil.copyfileobj(source, f, 1 << 20)
 
 
 def numbered_checkpoint_path(directory: PathLike, num_updates: int) -> Path:
@@ -108,13 +95,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cpu") -> dict:
-    """Load a checkpoint safely (`weights_only=True`), with errors that name the file."""
+def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cpu", *,
+                    mmap: bool = False) -> dict:
+    """Load a checkpoint safely (`weights_only=True`), with errors that name the file.
+    `mmap=True` maps the tensors instead of reading them: cheap when only the plain values
+    (counters, configs) are needed."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         culprit = next((line.strip() for line in str(e).splitlines()
                         if "unsupported global" in line.lower()), "")

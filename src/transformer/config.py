@@ -1,4 +1,4 @@
-"""Typed training configuration: the schemas behind `configs/*.yaml`.
+"""Typed training configuration: every schema behind `configs/*.yaml`, in one module.
 
 Hydra composes `configs/config.yaml` with one option per group (`model/`, `data/`, `optim/`,
 `trainer/`, `experiment/`) onto `TrainConfig`, registered in Hydra's ConfigStore as
@@ -18,10 +18,11 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from .data import DataConfig
-from .model import ModelConfig
+from . import multi30k
+from .model import Hyperparameters, ModelConfig
+from .tokenizer import MODEL_TYPES
 
-__all__ = ["ModelSettings", "OptimConfig", "TrainerConfig", "TrainConfig", "load_config",
+__all__ = ["ModelSettings", "DataConfig", "OptimConfig", "TrainerConfig", "TrainConfig", "load_config",
            "compose_config", "register_configs", "CONFIG_DIR"]
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"  # the repository's configs/
@@ -29,6 +30,7 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"  # the repository's
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("inverse_sqrt", "constant")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+SPLITS = ("train", "valid", "test")
 
 
 def _check(ok: bool, message: str) -> None:
@@ -41,21 +43,13 @@ def _is_int(value: Any) -> bool:
 
 
 @dataclass
-class ModelSettings:
-    """The `model` group: the architecture. Vocabulary sizes come from the tokenizer and
-    `share_embeddings` from `data.joint_vocab` at run time (see `to_model_config`)."""
+class ModelSettings(Hyperparameters):
+    """The `model` group: a preset's name and the architecture (`model.Hyperparameters`,
+    the one place where each architectural hyperparameter and its default are defined).
+    Vocabulary sizes come from the tokenizer and `share_embeddings` from `data.joint_vocab`
+    at run time (see `to_model_config`)."""
 
     name: str = "base"
-    num_hiddens: int = 512
-    ffn_num_hiddens: int = 2048
-    num_heads: int = 8
-    num_encoder_layers: int = 6
-    num_decoder_layers: int = 6
-    dropout: float = 0.1
-    attention_dropout: float = 0.0  # > 0 disables PyTorch's fused attention kernel on CPU
-    norm_first: bool = False  # False: post-norm (paper); True: pre-norm
-    tie_output: bool = True  # target embedding == output projection
-    max_positions: int = 1024
 
     def __post_init__(self) -> None:
         self.validate()
@@ -66,10 +60,93 @@ class ModelSettings:
 
     def to_model_config(self, src_vocab_size: int, tgt_vocab_size: int,
                         share_embeddings: bool) -> ModelConfig:
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        del fields["name"]
+        architecture = {f.name: getattr(self, f.name) for f in dataclasses.fields(Hyperparameters)}
         return ModelConfig(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
-                           share_embeddings=share_embeddings, **fields)
+                           share_embeddings=share_embeddings, **architecture)
+
+
+@dataclass
+class DataConfig:
+    """The `data` config group (configs/data/*.yaml have exactly these keys).
+
+    `max_len` is the longest training sequence the model sees, counting the added EOS
+    (source) or BOS (target): pairs with more than `max_len - 1` pieces on either side are
+    dropped from training. `max_tokens` bounds each batch per side, padding included.
+    """
+
+    name: str = "multi30k"  # "multi30k" (named dataset) or "files" (the *_src/*_tgt keys)
+    root: str = multi30k.DEFAULT_ROOT  # Multi30k folder; missing files downloaded
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    train_src: Optional[str] = None
+    train_tgt: Optional[str] = None
+    valid_src: Optional[str] = None
+    valid_tgt: Optional[str] = None
+    test_src: Optional[str] = None
+    test_tgt: Optional[str] = None
+    base_url: str = multi30k.URL  # Multi30k download prefix: <base_url><stem>.<lang>.gz
+    vocab_size: int = 8000
+    spm_model_type: str = "unigram"  # or "bpe"
+    joint_vocab: bool = True  # one SentencePiece model for both sides
+    spm_model: Optional[str] = None  # an existing .model to use instead of training one
+    max_len: int = 256
+    max_tokens: int = 4096
+    seed: int = 1
+    max_train_pairs: Optional[int] = None  # use only the first N training pairs (smoke runs)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad key."""
+        for key in ("vocab_size", "max_len", "max_tokens"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"data.{key} must be a positive integer, got {value!r}")
+        if self.max_train_pairs is not None and (
+            isinstance(self.max_train_pairs, bool) or not isinstance(self.max_train_pairs, int)
+            or self.max_train_pairs <= 0
+        ):
+            raise ValueError(
+                f"data.max_train_pairs must be a positive integer or null, "
+                f"got {self.max_train_pairs!r}"
+            )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"data.seed must be an integer, got {self.seed!r}")
+        if self.max_tokens < self.max_len:
+            raise ValueError(
+                f"data.max_tokens ({self.max_tokens}) must be >= data.max_len "
+                f"({self.max_len}) so that every training pair fits in a batch"
+            )
+        if self.spm_model_type not in MODEL_TYPES:
+            raise ValueError(
+                f"data.spm_model_type must be one of {MODEL_TYPES}, got {self.spm_model_type!r}"
+            )
+        if not isinstance(self.joint_vocab, bool):
+            raise ValueError(f"data.joint_vocab must be true or false, got {self.joint_vocab!r}")
+        if self.spm_model is not None and not self.joint_vocab:
+            raise ValueError("data.spm_model needs a joint vocabulary (data.joint_vocab=true)")
+        file_keys = [f"{s}_{side}" for s in SPLITS for side in ("src", "tgt")]
+        if self.name == "multi30k":
+            for key in ("src_lang", "tgt_lang"):
+                if getattr(self, key) not in multi30k.LANGS:
+                    raise ValueError(
+                        f"data.{key} must be one of {multi30k.LANGS} for Multi30k, "
+                        f"got {getattr(self, key)!r}"
+                    )
+            if self.src_lang == self.tgt_lang:
+                raise ValueError(f"data.src_lang and data.tgt_lang are both {self.src_lang!r}")
+            for key in file_keys:
+                if getattr(self, key) is not None:
+                    raise ValueError(f"data.{key} is only used with data.name=files")
+        elif self.name == "files":
+            for key in file_keys[:4]:
+                if not getattr(self, key):
+                    raise ValueError(f"data.{key} must be set when data.name=files")
+            if (self.test_src is None) != (self.test_tgt is None):
+                raise ValueError("data.test_src and data.test_tgt must be set together")
+        else:
+            raise ValueError(f"data.name must be 'multi30k' or 'files', got {self.name!r}")
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """Evaluation data, and the decoding choices made on validation data.
 
-- `evaluation_text`: (sources, references) of a Multi30k split in a checkpoint's language
-  pair, or of two given files; `add_evaluation_arguments` and `load_for_evaluation` are the
-  matching command-line options and start of the scripts that evaluate a model.
+- `evaluation_text`: the validation or test pairs of the run a model came from, found the
+  way the run found them (its `data=files` paths, or Multi30k in its `data.root`, else in
+  the download cache), or two given files; `add_evaluation_arguments` and
+  `load_for_evaluation` are the matching command-line options and start of the scripts that
+  evaluate a model (head importance, pruning).
 - `tune_decoding`: how many of a run's newest epoch checkpoints to average and which
   length-penalty alpha to decode with, by BLEU on validation data (the knobs Wu et al. 2021
   name; the test set is never an option). `checkpoints_within` restricts a run to what it
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +23,15 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from sacrebleu.metrics import BLEU
 
+from . import multi30k
 from .checkpoint import CheckpointError, load_checkpoint, numbered_checkpoints
-from .data import MULTI30K_STEMS, DataError, read_lines
-from .translator import DEFAULT_MAX_TOKENS, Translator, resolve_checkpoint
+from .config import DataConfig
+from .data import split_files
+from .search import DecodingSettings
+from .text import DataError, ParallelText, read_lines
+from .translator import DEFAULT_MAX_TOKENS, Translator
 
-__all__ = ["load_translator", "evaluation_text", "add_evaluation_arguments",
+__all__ = ["run_data_config", "evaluation_text", "add_evaluation_arguments", "Evaluation",
            "load_for_evaluation", "checkpoints_within", "DecodingTrial", "tune_decoding",
            "best_trial"]
 
@@ -34,33 +41,53 @@ PathLike = Union[str, "os.PathLike[str]"]
 # ---- evaluation data ----------------------------------------------------------------------
 
 
-def load_translator(checkpoint: PathLike, device: Union[str, torch.device] = "auto"
-                    ) -> tuple[Translator, dict]:
-    """`Translator.load` for a checkpoint file or run directory, and the checkpoint itself
-    (for its tokenizer and training config)."""
-    path = resolve_checkpoint(checkpoint)
-    return Translator.load(path, device), load_checkpoint(path)
+def run_data_config(training_config: Optional[dict]) -> DataConfig:
+    """The data settings a checkpoint's training run used (`config.data`, as stored by the
+    trainer); CheckpointError if the checkpoint does not record them."""
+    data = (training_config or {}).get("data")
+    if not isinstance(data, dict) or "name" not in data:
+        raise CheckpointError("the checkpoint does not record its training data (config.data); "
+                              "give --src and --ref files")
+    known = {f.name for f in dataclasses.fields(DataConfig)}
+    try:
+        return DataConfig(**{k: v for k, v in data.items() if k in known})
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"the checkpoint's data settings are invalid: {e}") from e
 
 
-def evaluation_text(state: dict, *, data: str = "valid",
-                    data_root: PathLike = "../shared/data/multi30k",
-                    src: Optional[PathLike] = None, ref: Optional[PathLike] = None,
-                    max_sentences: Optional[int] = None) -> tuple[list[str], list[str]]:
-    """(sources, references): the `src`/`ref` plain-text files if given, else the Multi30k
-    split `data` ("valid" or "test") in `data_root`, in the checkpoint's language pair.
+def _run_split(cfg: DataConfig, split: str, data_root: Optional[PathLike]) -> tuple[Path, Path]:
+    """(source, reference) files of the run's `split`. Multi30k is looked for in
+    `data_root` if given, else in the run's `data.root`, else in the download cache, where
+    missing files are downloaded (checksummed)."""
+    if cfg.name == "files":
+        files = split_files(cfg, split)
+        if files is None:
+            raise DataError(f"the run has no {split} split (data.{split}_src is not set); "
+                            "give --src and --ref files")
+        return files.src, files.tgt
+    roots = [data_root] if data_root is not None else [cfg.root, multi30k.DEFAULT_ROOT]
+    for root in roots:
+        files = split_files(dataclasses.replace(cfg, root=str(root)), split)
+        if files.src.is_file() and files.tgt.is_file():
+            return files.src, files.tgt
+    multi30k.download_multi30k(roots[-1], (cfg.src_lang, cfg.tgt_lang), base_url=cfg.base_url)
+    files = split_files(dataclasses.replace(cfg, root=str(roots[-1])), split)
+    return files.src, files.tgt
+
+
+def evaluation_text(training_config: Optional[dict], *, data: str = "valid",
+                    data_root: Optional[PathLike] = None, src: Optional[PathLike] = None,
+                    ref: Optional[PathLike] = None,
+                    max_sentences: Optional[int] = None) -> ParallelText:
+    """The `src`/`ref` plain-text files if given, else the split `data` ("valid" or "test")
+    of the run described by `training_config` (a checkpoint's `config`; see `_run_split`).
     Only the first `max_sentences` pairs with `max_sentences`."""
     if (src is None) != (ref is None):
         raise DataError("give both a source file and a reference file, or neither")
     if src is None:
         if data not in ("valid", "test"):
             raise DataError(f"data must be 'valid' or 'test', got {data!r}")
-        langs = (state.get("config") or {}).get("data") or {}
-        if not {"src_lang", "tgt_lang"} <= langs.keys():
-            raise CheckpointError("the checkpoint does not name its language pair "
-                                  "(config.data); give --src and --ref files")
-        stem = Path(data_root).expanduser() / MULTI30K_STEMS[data]
-        src = f"{stem}.{langs['src_lang']}.gz"
-        ref = f"{stem}.{langs['tgt_lang']}.gz"
+        src, ref = _run_split(run_data_config(training_config), data, data_root)
     if max_sentences is not None and max_sentences < 1:
         raise DataError(f"max_sentences must be >= 1, got {max_sentences}")
     sources, references = read_lines(src), read_lines(ref)
@@ -68,19 +95,20 @@ def evaluation_text(state: dict, *, data: str = "valid",
         raise DataError(f"{src} has {len(sources)} lines but {ref} has {len(references)}")
     if not sources:
         raise DataError(f"{src} is empty")
-    return sources[:max_sentences], references[:max_sentences]
+    sources, references = sources[:max_sentences], references[:max_sentences]
+    return ParallelText(sources, references, list(range(len(sources))))
 
 
 def add_evaluation_arguments(parser: argparse.ArgumentParser,
                              splits: Sequence[str] = ("valid", "test"),
                              max_tokens: int = 4096) -> None:
     """The evaluation-data and device options of the scripts that evaluate a model
-    (`evaluation_text`); `splits` are the Multi30k splits `--data` may name."""
+    (`evaluation_text`); `splits` are the splits `--data` may name."""
     p = parser
     p.add_argument("--data", choices=tuple(splits), default="valid",
-                   help="Multi30k split, in the checkpoint's language pair")
-    p.add_argument("--data-root", default="../shared/data/multi30k",
-                   help="folder of the Multi30k .gz files")
+                   help="the run's split (its data=files paths or Multi30k language pair)")
+    p.add_argument("--data-root", help="folder of the Multi30k .gz files (default: the run's "
+                                       "data.root, else the download cache)")
     p.add_argument("--src", type=Path, help="source file (instead of --data)")
     p.add_argument("--ref", type=Path, help="reference file (instead of --data)")
     p.add_argument("--max-sentences", type=int, help="use only the first N sentences")
@@ -89,17 +117,25 @@ def add_evaluation_arguments(parser: argparse.ArgumentParser,
     p.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
 
 
-def load_for_evaluation(args: argparse.Namespace) -> tuple[Translator, dict, list[str], list[str]]:
-    """What an evaluation script starts with, from `add_evaluation_arguments`' options: the
-    translator, its checkpoint, and the (sources, references) to evaluate on. Sets the
-    thread count; raises CheckpointError, DataError or OSError with a one-line message."""
+@dataclass
+class Evaluation:
+    """What an evaluation script starts with."""
+
+    translator: Translator  # the model, tokenizers, decoding defaults and training config
+    text: ParallelText  # the sentence pairs to evaluate on
+
+
+def load_for_evaluation(args: argparse.Namespace) -> Evaluation:
+    """The translator (its checkpoint loaded once) and the evaluation pairs, from
+    `add_evaluation_arguments`' options. Sets the thread count; raises CheckpointError,
+    DataError or OSError with a one-line message."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    translator, state = load_translator(args.checkpoint, args.device)
-    sources, references = evaluation_text(state, data=args.data, data_root=args.data_root,
-                                          src=args.src, ref=args.ref,
-                                          max_sentences=args.max_sentences)
-    return translator, state, sources, references
+    translator = Translator.load(args.checkpoint, args.device)
+    text = evaluation_text(translator.training_config, data=args.data,
+                           data_root=args.data_root, src=args.src, ref=args.ref,
+                           max_sentences=args.max_sentences)
+    return Evaluation(translator, text)
 
 
 # ---- choosing checkpoints and length penalty on validation data ---------------------------
@@ -114,8 +150,9 @@ def checkpoints_within(directory: PathLike, max_time: Optional[float] = None) ->
         raise CheckpointError(f"no checkpoint_<updates>.pt files in {directory}")
     if max_time is None:
         return paths
-    kept = [p for p in paths
-            if load_checkpoint(p).get("train_state", {}).get("train_time", float("inf"))
+    kept = [p for p in paths  # mmap: the tensors are not read, only the counters
+            if load_checkpoint(p, mmap=True).get("train_state", {}).get("train_time",
+                                                                        float("inf"))
             <= max_time]
     if not kept:
         raise CheckpointError(f"no checkpoint in {directory} was saved within the first "

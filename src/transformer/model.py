@@ -12,9 +12,10 @@ training configuration. That includes attention heads removed by `Transformer.pr
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
@@ -22,16 +23,15 @@ from torch import Tensor, nn
 from .blocks import DecoderBlock, EncoderBlock, LayerCache
 from .ops import Dropout
 
-__all__ = ["ModelConfig", "PositionalEncoding", "TransformerEncoder", "TransformerDecoder",
-           "Transformer"]
+__all__ = ["Hyperparameters", "ModelConfig", "PositionalEncoding", "TransformerEncoder", "TransformerDecoder",
+           "Transformer", "eval_mode"]
 
 
 @dataclass
-class ModelConfig:
-    """Hyper-parameters of the Transformer; the defaults are the paper's base model."""
+class Hyperparameters:
+    """The architecture, as a `model` preset chooses it (configs/model/*.yaml); the defaults
+    are the paper's base model. `ModelConfig` adds what the data decides."""
 
-    src_vocab_size: int = 8000
-    tgt_vocab_size: int = 8000
     num_hiddens: int = 512
     ffn_num_hiddens: int = 2048
     num_heads: int = 8
@@ -40,9 +40,18 @@ class ModelConfig:
     dropout: float = 0.1
     attention_dropout: float = 0.0  # > 0 disables PyTorch's fused attention kernel on CPU
     norm_first: bool = False  # False: post-norm (paper, book); True: pre-norm
-    share_embeddings: bool = True  # one matrix for source, target and output (joint vocab)
     tie_output: bool = True  # target embedding == output projection
     max_positions: int = 1024
+
+
+@dataclass
+class ModelConfig(Hyperparameters):
+    """Everything needed to build a `Transformer`: the architecture plus the vocabulary
+    sizes and embedding sharing that come from the tokenizer, and any pruned heads."""
+
+    src_vocab_size: int = 8000
+    tgt_vocab_size: int = 8000
+    share_embeddings: bool = True  # one matrix for source, target and output (joint vocab)
     pad_id: int = 0
     # Heads removed after training: attention module name (see `attention_names`) ->
     # sorted original head indices. Written to checkpoints only when not empty.
@@ -276,3 +285,15 @@ class Transformer(nn.Module):
         """
         hidden = self.decoder(tokens, enc_outputs, src_valid_lens, cache)
         return self.output_projection(hidden)
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Run the block in eval mode (no dropout), then restore the caller's mode, also when
+    the block raises."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)

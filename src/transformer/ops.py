@@ -1,17 +1,15 @@
 """Two training-time operations, written out because PyTorch's generic ones are slow on CPU.
 
-- `Dropout`: `nn.Dropout` with a cheaper random mask on CPU. `torch.bernoulli_` draws a float
-  per element (7.5 ms for a 3,800 x 128 activation on 2 cores); one random byte per element
-  compared with a threshold takes ~1.5 ms. A model has 22 dropout sites, so this is ~10% of
-  a Transformer-Tiny training step.
+- `Dropout`: `nn.Dropout` with a cheaper random mask on CPU: `torch.bernoulli_` draws a float
+  per element, this draws one random byte per element and compares it with a threshold.
 - `linear_label_smoothed_cross_entropy`: the output projection and the label-smoothed loss
   as one autograd function that works through the target tokens in chunks of rows, writing
   the gradient `softmax - smoothed target` of each chunk and multiplying it into the
   gradients of the hidden states and the weight right away. The (tokens, vocabulary) logits
-  are never materialized: on CPU each fresh 122 MB logits-sized tensor (3,800 tokens x 8,000)
-  costs ~50 ms of page faults alone, and a chunk's 16 MB stay in cache. Projection and loss,
-  forward and backward, at that size: 0.65x the time of the projection followed by a
-  logits-level fused loss, 0.5x that of `CrossEntropyLoss(label_smoothing=...)`.
+  are never materialized: a fresh logits-sized tensor costs page faults on every step, while
+  a chunk stays in cache.
+
+How much each saves is measured in docs/RESULTS.md ("Training speed").
 
 Both use PyTorch's random generator and plain tensor ops, so seeds and devices behave as usual.
 """

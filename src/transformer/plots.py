@@ -1,28 +1,43 @@
-"""Training curves from a run's TensorBoard logs, as PNG (matplotlib, Agg backend).
+"""Figures: a matplotlib figure on the Agg canvas (`new_figure`), and training curves from a
+run's TensorBoard logs.
 
     python scripts/plot_curves.py runs/ende runs/deen --labels en-de de-en -o docs/bleu.png
+
+No pyplot: figures are plain `matplotlib.figure.Figure` objects drawn on their own Agg
+canvas, so importing this module changes no global state (backend, open figures) of the
+process that imports it.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
-import matplotlib
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # files only, no display needed
-import matplotlib.pyplot as plt  # noqa: E402
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
-
-__all__ = ["read_scalars", "bleu_vs_time", "plot_bleu_vs_time"]
+__all__ = ["new_figure", "read_scalars", "bleu_vs_time", "plot_bleu_vs_time"]
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+
+def new_figure(width: float, height: float, layout: Optional[str] = "constrained") -> "Figure":
+    """A figure of `width` x `height` inches on the Agg canvas (nothing global, nothing to
+    close)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height), layout=layout)
+    FigureCanvasAgg(figure)
+    return figure
 
 
 def read_scalars(run_dir: PathLike, tag: str) -> dict[int, float]:
     """{step: value} of one scalar tag over all event files of a run (a resumed run writes
     several; a later value for the same step wins)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     files = sorted(Path(run_dir).glob("events.out.tfevents.*"), key=os.path.getmtime)
     if not files:
         raise FileNotFoundError(f"no TensorBoard event files in {run_dir}")
@@ -51,16 +66,15 @@ def plot_bleu_vs_time(runs: Sequence[PathLike], output: PathLike,
     labels = list(labels) if labels else [Path(r).name for r in runs]
     if len(labels) != len(runs):
         raise ValueError(f"{len(runs)} runs but {len(labels)} labels")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = new_figure(7, 4.5, layout="tight")
+    ax = fig.subplots()
     for run, label in zip(runs, labels):
         minutes, bleu = bleu_vs_time(run)
         ax.plot(minutes, bleu, marker=".", label=label)
-    ax.set_xlabel("training time (minutes, 2 CPU cores)")
+    ax.set_xlabel("training time (minutes)")
     ax.set_ylabel("validation BLEU")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=120)
-    plt.close(fig)

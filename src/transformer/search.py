@@ -29,27 +29,39 @@ Beam search, in short (rows = sentences x beam, scores = cumulative log-probs):
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Iterator, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.nn import functional as F
 
 from .blocks import LayerCache
-from .model import Transformer
+from .batching import pack
+from .model import Transformer, eval_mode
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-__all__ = ["DEFAULT_ALPHA", "Hypothesis", "length_penalty", "max_output_lengths",
-           "greedy_search", "beam_search"]
+__all__ = ["DecodingSettings", "DEFAULT_ALPHA", "Hypothesis", "length_penalty", "max_output_lengths",
+           "greedy_search", "beam_search", "search_corpus"]
 
-# A middle value. The best alpha depends on the model: on Multi30k validation (beam 5) the
-# recipe's 90-minute en->de model scores about the same from 1.0 to 2.0, while models trained
-# for 30 minutes translate too short (brevity penalty ~0.8) and gain 1-4 BLEU from 1.5-3.0.
-# `scripts/tune_decoding.py` chooses it per model on validation data (README, "Measured
-# results").
-DEFAULT_ALPHA = 1.0
+@dataclass(frozen=True)
+class DecodingSettings:
+    """How to decode: the defaults of `Translator`, `scripts/translate.py` and the server.
+    A checkpoint written by `scripts/tune_decoding.py` stores its own (chosen on validation
+    data), which `Translator.load` reads."""
+
+    beam_size: int = 5
+    alpha: float = 1.0  # GNMT length penalty; the best value depends on the model
+    max_len_a: float = 1.5  # outputs have at most a * source length + b tokens
+    max_len_b: int = 10
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1 or self.alpha < 0 or self.max_len_a < 0 or self.max_len_b < 1:
+            raise ValueError(f"need beam_size >= 1, alpha >= 0, max_len_a >= 0 and "
+                             f"max_len_b >= 1, got {self}")
+
+
+DEFAULT_ALPHA = DecodingSettings.alpha
 
 
 @dataclass(frozen=True)
@@ -72,17 +84,6 @@ def max_output_lengths(src_valid_lens: Tensor, max_len_a: float, max_len_b: int,
     the model's limit (BOS + output must fit in `max_positions`)."""
     lengths = (src_valid_lens.float() * max_len_a).long() + max_len_b
     return lengths.clamp(min=1, max=max_positions - 1)
-
-
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    """Run in eval mode (no dropout), then restore the caller's mode."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
 
 
 def _next_log_probs(model: Transformer, tokens: Tensor, enc_outputs: Tensor,
@@ -119,7 +120,7 @@ def greedy_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
     max_lens = max_output_lengths(src_valid_lens, max_len_a, max_len_b,
                                   model.config.max_positions)  # (batch,)
     outputs: list[list[int]] = [[] for _ in range(src.shape[0])]
-    with _eval_mode(model):
+    with eval_mode(model):
         enc_outputs = model.encode(src, src_valid_lens)
         cache = model.new_cache() if use_cache else None
         tokens = torch.full((src.shape[0], 1), BOS_ID, dtype=torch.long, device=src.device)
@@ -167,7 +168,7 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
     kth_score = torch.full((num_sentences,), float("-inf"), device=device)
     scores = torch.zeros(num_sentences, 1, device=device)  # (a, rows per sentence)
     slots = torch.arange(k, device=device)
-    with _eval_mode(model):
+    with eval_mode(model):
         # Step 0 runs one row per sentence (so encoder-decoder keys/values are projected once
         # per sentence), then every row is copied to its sentence's k beams: rows a * k + j.
         # Beams never leave their sentence, so the encoder outputs and the cross-attention
@@ -251,3 +252,38 @@ def _collect(finished: list[list[Hypothesis]], kth_score: Tensor, ended: Tensor,
         hyps.sort(key=lambda h: -h.score)
         if len(hyps) >= nbest:
             kth_score[a] = hyps[nbest - 1].score
+
+
+def search_corpus(model: Transformer, sources: Sequence[Sequence[int]], *,
+                  settings: DecodingSettings = DecodingSettings(), nbest: int = 1,
+                  max_tokens: int = 2048, use_cache: bool = True,
+                  on_progress: Optional[Callable[[int], None]] = None
+                  ) -> list[list[Hypothesis]]:
+    """Beam search over many sentences, in input order: the one decoding path of validation,
+    translation and evaluation. `sources` are source ids with EOS appended; an empty one
+    gets `nbest` empty hypotheses without running the model. Sentences are sorted longest
+    first and packed into batches of at most `max_tokens` padded source tokens (before the
+    beam expands them). `beam_size=1` is greedy search. `on_progress(n)` is called as
+    sentences are done."""
+    device = next(model.parameters()).device
+    results = [[Hypothesis([], 0.0, 0.0)] * nbest for _ in sources]
+    todo = sorted((i for i, ids in enumerate(sources) if ids), key=lambda i: -len(sources[i]))
+    if on_progress is not None and len(todo) < len(sources):
+        on_progress(len(sources) - len(todo))
+    for batch in pack(todo, [len(ids) for ids in sources], max_tokens):
+        src, src_valid_lens = _pad([sources[i] for i in batch], device)
+        hyps = beam_search(model, src, src_valid_lens, beam_size=settings.beam_size,
+                           nbest=nbest, alpha=settings.alpha, max_len_a=settings.max_len_a,
+                           max_len_b=settings.max_len_b, use_cache=use_cache)
+        for i, sentence_hyps in zip(batch, hyps):
+            results[i] = sentence_hyps
+        if on_progress is not None:
+            on_progress(len(batch))
+    return results
+
+
+def _pad(sources: list[Sequence[int]], device: torch.device) -> tuple[Tensor, Tensor]:
+    """-> src (batch, longest) padded with PAD, src_valid_lens (batch,)."""
+    longest = max(map(len, sources))
+    src = torch.tensor([list(ids) + [PAD_ID] * (longest - len(ids)) for ids in sources])
+    return src.to(device), torch.tensor([len(ids) for ids in sources], device=device)

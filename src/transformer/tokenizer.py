@@ -16,6 +16,8 @@ from typing import Iterable, Sequence, Union
 
 import sentencepiece as spm
 
+from .files import atomic_write
+
 PAD_ID = 0
 UNK_ID = 1
 BOS_ID = 2  # "<s>"
@@ -122,11 +124,8 @@ class Tokenizer:
 
     def save(self, path: PathLike) -> None:
         """Write the model file atomically (a crash never leaves a truncated `.model`)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(self.to_bytes())
-        os.replace(tmp, path)
+        with atomic_write(path) as f:
+            f.write(self.to_bytes())
 
     # ---- properties ---------------------------------------------------------------------
 

@@ -5,14 +5,14 @@ validation BLEU -> best checkpoint / early stopping, exact resume, DistributedDa
 
 One update = `optim.update_freq` batches; their summed loss is divided by the number of target
 tokens of the whole update on all ranks (as fairseq does), so gradient accumulation and more
-GPUs only change the batch size. The loss, `LabelSmoothedLoss`, is the label-smoothed
-cross-entropy over the real target tokens with the output projection fused into it
-(`ops.linear_label_smoothed_cross_entropy`: the same value and gradients as projecting and
-using `CrossEntropyLoss(label_smoothing=...)`, faster on CPU); everything else is PyTorch's
-own: `LambdaLR`, `torch.amp`, `clip_grad_norm_`, DDP with `no_sync()` while accumulating.
+GPUs only change the batch size. The loss is `loss.LabelSmoothedLoss` (the output projection
+fused into the label-smoothed cross-entropy); validation uses `loss.evaluate_loss` and decodes
+with `search.search_corpus`, the same functions the head tools and the Translator use.
+Everything else is PyTorch's own: `LambdaLR`, `torch.amp`, `clip_grad_norm_`, DDP with
+`no_sync()` while accumulating.
 
 The run directory holds `config.yaml` (resolved), `spm.model`, `checkpoints/`, TensorBoard
-event files and `train.log`. Only rank 0 logs and writes. A run directory that already has
+event files and `train.log` (written by `train_log.TrainLog`). Only rank 0 logs and writes. A run directory that already has
 `checkpoints/checkpoint_last.pt` is resumed: model, optimizer, schedule, scaler, counters,
 position in the epoch and RNG states are restored, so the losses continue exactly.
 """
@@ -29,7 +29,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
 import sacrebleu
 import torch
@@ -37,20 +37,24 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from . import checkpoint as ckpt
-from . import heads
+from .attention_maps import encoder_decoder_figure
 from .config import TrainConfig, load_config
-from .data import Batch, Data, eval_batches, load_data
-from .model import Transformer
-from .ops import linear_label_smoothed_cross_entropy
-from .search import greedy_search
-from .tokenizer import PAD_ID
+from .data import Batch, Data, load_data
+from .files import WriteError, atomic_write
+from .loss import LabelSmoothedLoss, evaluate_loss
+from .model import Transformer, eval_mode
+from .search import DecodingSettings, search_corpus
+from .tokenizer import EOS_ID
+from .train_log import TrainLog, ValidationMetrics, setup_logging
 
-__all__ = ["TrainingError", "TrainResult", "TrainState", "Trainer", "train", "lr_lambda",
-           "LabelSmoothedLoss"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["TrainingError", "TrainResult", "TrainState", "TrainClock", "Trainer",
+           "ValidationReport", "train", "lr_lambda"]
 
 log = logging.getLogger(__name__)
 PathLike = Union[str, "os.PathLike[str]"]
@@ -88,7 +92,7 @@ class TrainResult:
     stop_reason: str
     state: TrainState
     losses: list[float] = field(default_factory=list)  # per update of this run, per token
-    valid: Optional[dict[str, float]] = None  # the last validation's metrics
+    valid: Optional[ValidationMetrics] = None  # the last validation's
 
 
 # ---- setup ------------------------------------------------------------------------------
@@ -146,44 +150,6 @@ def resolve_precision(name: str, device: torch.device) -> Optional[torch.dtype]:
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
-class _TqdmHandler(logging.StreamHandler):
-    """Console log lines that do not break the progress bar (written via tqdm, to stderr)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            tqdm.write(self.format(record), file=sys.stderr)
-        except Exception:  # noqa: BLE001 -- logging must never crash training
-            self.handleError(record)
-
-
-def setup_logging(run_dir: Path, env: DistEnv) -> Callable[[], None]:
-    """Package logs to the console and `run_dir/train.log` on rank 0 (warnings only on other
-    ranks). Returns the function that removes the handlers again."""
-    logger = logging.getLogger("transformer")
-    prefix = "" if env.is_main else f"[rank {env.rank}] "
-    formatter = logging.Formatter(f"%(asctime)s | %(levelname)s | {prefix}%(message)s",
-                                  "%Y-%m-%d %H:%M:%S")
-    handlers: list[logging.Handler] = [_TqdmHandler()]
-    if env.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(run_dir / "train.log", encoding="utf-8"))
-    for handler in handlers:
-        handler.setFormatter(formatter)
-        logger.addHandler(handler)
-    old_level, old_propagate = logger.level, logger.propagate
-    logger.setLevel(logging.INFO if env.is_main else logging.WARNING)
-    logger.propagate = False  # no second copy through a root handler
-
-    def cleanup() -> None:
-        for handler in handlers:
-            logger.removeHandler(handler)
-            handler.close()
-        logger.setLevel(old_level)
-        logger.propagate = old_propagate
-
-    return cleanup
-
-
 def lr_lambda(schedule: str, warmup_updates: int, max_updates: Optional[int] = None,
               cooldown_updates: int = 0) -> Callable[[int], float]:
     """LambdaLR factor of the peak lr for the update after `num_updates` updates: linear
@@ -211,8 +177,8 @@ def lr_lambda(schedule: str, warmup_updates: int, max_updates: Optional[int] = N
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """Adam/AdamW, fused kernel where this PyTorch has one for the device (CPU: torch>=2.4;
-    it halves the optimizer's time there)."""
+    """Adam/AdamW, with the fused kernel where this PyTorch has one for the device (CPU:
+    torch >= 2.4)."""
     o = cfg.optim
     cls = torch.optim.AdamW if o.name == "adamw" else torch.optim.Adam
     kwargs = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
@@ -222,22 +188,27 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
         return cls(model.parameters(), **kwargs)
 
 
-class LabelSmoothedLoss(nn.Module):
-    """The training objective as a module around the model, so that DDP (and torch.compile)
-    wrap model and loss together: label-smoothed cross-entropy summed over the batch's real
-    target tokens, the output projection fused into it."""
+@dataclass
+class TrainClock:
+    """Training time in seconds, summed over resumed runs: `offset` (what earlier runs
+    trained) plus the time since `start()`. Before `start()` it reads `offset`."""
 
-    def __init__(self, model: Transformer, label_smoothing: float):
-        super().__init__()
-        self.model, self.label_smoothing = model, label_smoothing
+    offset: float = 0.0
+    started: Optional[float] = None
 
-    def forward(self, src: Tensor, src_valid_lens: Tensor, tgt_in: Tensor,
-                tgt_out: Tensor) -> Tensor:
-        mask = tgt_out != PAD_ID  # (batch, tgt_len)
-        hidden = self.model.hidden_states(src, src_valid_lens, tgt_in)[mask]  # (N, d)
-        weight = self.model.output_projection.weight  # (V, d); the projection has no bias
-        return linear_label_smoothed_cross_entropy(hidden, weight, tgt_out[mask],
-                                                   self.label_smoothing)
+    def start(self) -> None:
+        self.started = time.monotonic()
+
+    def elapsed(self) -> float:
+        return self.offset + (0.0 if self.started is None else time.monotonic() - self.started)
+
+
+@dataclass
+class _Agreement:
+    """What all ranks agree on before an update (one all-reduce)."""
+
+    tokens: float  # target tokens of this update, over all ranks
+    stop: Optional[str]  # "signal" or "max_time" if any rank must stop, else None
 
 
 # ---- the trainer ------------------------------------------------------------------------
@@ -269,6 +240,7 @@ class Trainer:
         torch.manual_seed(cfg.seed + env.rank)  # dropout differs between ranks
         if resume is not None:
             self._restore(*resume)
+        self.clock = TrainClock(self.state.train_time)
         self.loss = LabelSmoothedLoss(self.model, cfg.optim.label_smoothing)
         self.ddp = (DistributedDataParallel(self.loss, broadcast_buffers=False,
                                             device_ids=[self.device.index]
@@ -277,10 +249,10 @@ class Trainer:
         self.train_loss: nn.Module = self.ddp or self.loss
         if cfg.trainer.compile:
             self.train_loss = torch.compile(self.train_loss)
-        self.writer = self._open_writer(resumed=resume is not None)
+        self.log = TrainLog(run_dir, env.is_main,
+                            purge_step=self.state.num_updates + 1 if resume else None)
         self._write_config()
-        self._meter = _Meter()
-        self._last_valid: Optional[dict[str, float]] = None
+        self._last_valid: Optional[ValidationMetrics] = None
 
     # -- setup pieces --
 
@@ -336,29 +308,21 @@ class Trainer:
         log.info("resumed from %s: epoch %d, %d batches into it, %d updates", path, s.epoch,
                  s.batches_done, s.num_updates)
 
-    def _open_writer(self, resumed: bool) -> Optional[SummaryWriter]:
-        if not self.env.is_main:
-            return None
-        # After a resume, drop events logged past the checkpoint by the interrupted run.
-        return SummaryWriter(str(self.run_dir),
-                             purge_step=self.state.num_updates + 1 if resumed else None)
-
     def _write_config(self) -> None:
         if self.env.is_main:
-            text = OmegaConf.to_yaml(OmegaConf.structured(self.cfg))
-            (self.run_dir / "config.yaml").write_text(text, encoding="utf-8")
+            with atomic_write(self.run_dir / "config.yaml", text=True) as f:
+                f.write(OmegaConf.to_yaml(OmegaConf.structured(self.cfg)))
             log.info("device %s, %s", self.device,
                      "float32" if self.amp_dtype is None else f"autocast {self.amp_dtype}")
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        self.log.close()
 
     # -- the loop --
 
     def fit(self) -> TrainResult:
         """Train until a limit, early stopping or a signal; returns why it stopped."""
-        self._start_time = time.monotonic() - self.state.train_time
+        self.clock.start()
         reason = None
         while reason is None:
             reason = self.run_epoch()
@@ -366,7 +330,7 @@ class Trainer:
         if reason == "signal":
             self.save()
         elif self.state.last_validation != self.state.num_updates:
-            valid = self.validate_and_save()[0]
+            valid = self.validate_and_save().metrics
         s = self.state
         log.info("stopped (%s) in epoch %d after %d updates, %.0f s; best BLEU %.2f; "
                  "checkpoints in %s", reason, s.trained_epoch, s.num_updates, s.train_time,
@@ -393,23 +357,22 @@ class Trainer:
                     return reason
                 s.batches_done += len(group)
                 bar.update()
-                bar.set_postfix(self._meter.postfix(), refresh=False)
+                bar.set_postfix(self.log.meter.postfix(), refresh=False)
                 if (t.validate_every_updates and s.num_updates != s.last_validation
                         and s.num_updates % t.validate_every_updates == 0):
-                    if self.validate_and_save()[1]:
+                    if self.validate_and_save().early_stop:
                         return "patience"
         s.epoch, s.batches_done = s.epoch + 1, 0
-        return "patience" if self.validate_and_save()[1] else None
+        return "patience" if self.validate_and_save().early_stop else None
 
     def train_step(self, batches: list[Batch]) -> Optional[str]:
         """One update over `batches` (gradient accumulation). Returns "signal"/"max_time"
         when the ranks agree to stop instead (before any work)."""
-        local_tokens = sum(b.num_tgt_tokens for b in batches)
-        total_tokens, stop = self._agree_before_update(local_tokens)
-        if stop is not None:
-            return stop
+        agreed = self._agree_before_update(sum(b.num_tgt_tokens for b in batches))
+        if agreed.stop is not None:
+            return agreed.stop
         self.model.train()
-        scale = self.env.world_size / total_tokens  # DDP averages gradients over ranks
+        scale = self.env.world_size / agreed.tokens  # DDP averages gradients over ranks
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
@@ -423,7 +386,7 @@ class Trainer:
         clip = self.cfg.optim.clip_norm or math.inf  # inf: only measure the norm
         gnorm = nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         loss_total, gnorm = self._reduce_stats(loss_sum, gnorm)  # the update's one sync
-        self._apply_update(loss_total / total_tokens, gnorm, total_tokens)
+        self._apply_update(loss_total / agreed.tokens, gnorm, agreed.tokens)
         return None
 
     def batch_loss(self, batch: Batch) -> Tensor:
@@ -435,19 +398,19 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
                               enabled=self.amp_dtype is not None)
 
-    def _agree_before_update(self, local_tokens: int) -> tuple[float, Optional[str]]:
+    def _agree_before_update(self, local_tokens: int) -> _Agreement:
         """Total target tokens of this update over all ranks, and a stop reason if any rank
         got a signal or the time is up (all ranks decide alike)."""
-        out_of_time = (self.cfg.trainer.max_time is not None
-                       and time.monotonic() - self._start_time >= self.cfg.trainer.max_time)
-        values = [float(local_tokens), float(self.stop_requested is not None),
-                  float(out_of_time)]
+        max_time = self.cfg.trainer.max_time
+        votes = {"tokens": float(local_tokens),
+                 "signal": float(self.stop_requested is not None),
+                 "max_time": float(max_time is not None and self.clock.elapsed() >= max_time)}
         if self.env.distributed:
-            t = torch.tensor(values, dtype=torch.float64, device=self.device)
+            t = torch.tensor(list(votes.values()), dtype=torch.float64, device=self.device)
             dist.all_reduce(t)
-            values = t.tolist()
-        stop = "signal" if values[1] else "max_time" if values[2] else None
-        return values[0], stop
+            votes = dict(zip(votes, t.tolist()))
+        stop = "signal" if votes["signal"] else "max_time" if votes["max_time"] else None
+        return _Agreement(votes["tokens"], stop)
 
     def _reduce_stats(self, loss_sum: Tensor, gnorm: Tensor) -> tuple[float, float]:
         """(loss summed over all ranks' tokens, gradient norm) as Python floats."""
@@ -473,9 +436,8 @@ class Trainer:
             s.bad_in_row = 0
             self.scheduler.step()
             self.losses.append(loss)
-            self._meter.add(loss, gnorm, tokens, lr)
-            if s.num_updates % self.cfg.trainer.log_every_updates == 0:
-                self._log_train()
+            self.log.update(s.num_updates, s.epoch, loss, gnorm, tokens, lr,
+                            every=self.cfg.trainer.log_every_updates)
         elif self.scaler is not None and math.isfinite(loss):
             log.info("fp16 gradient overflow: update skipped, loss scale now %g",
                      self.scaler.get_scale())
@@ -491,112 +453,70 @@ class Trainer:
                     f"The last good checkpoint is {self.ckpt_dir / ckpt.LAST}; try a lower "
                     "optim.lr, optim.clip_norm > 0 or trainer.precision=fp32.")
 
-    def _log_train(self) -> None:
-        """One train.log line and the TensorBoard scalars for the last interval."""
-        m, s = self._meter.pop(), self.state
-        log.info("epoch %d | update %d | loss %.3f | lr %.3g | gnorm %.3f | %.0f tok/s",
-                 s.epoch, s.num_updates, m["loss"], m["lr"], m["gnorm"], m["tokens_per_s"])
-        if self.writer is not None:
-            for key, value in m.items():
-                self.writer.add_scalar(f"train/{key}", value, s.num_updates)
-
     # -- validation and checkpoints --
 
-    def validate_and_save(self) -> tuple[dict[str, float], bool]:
-        """Validate (rank 0), update best BLEU / patience, write checkpoints.
-        Returns (metrics, whether to stop early)."""
+    def validate_and_save(self) -> "_Validated":
+        """Validate (rank 0), update best BLEU / patience, write checkpoints."""
         s, t = self.state, self.cfg.trainer
-        metrics = self.validate() if self.env.is_main else None
+        report = self.validate() if self.env.is_main else None
+        metrics = report.metrics if report is not None else None
         if self.env.distributed:
             box = [metrics]
             dist.broadcast_object_list(box, src=0)
             metrics = box[0]
-        improved = metrics["bleu"] > s.best_bleu
+        improved = metrics.bleu > s.best_bleu
         if improved:
-            s.best_bleu, s.bad_validations = metrics["bleu"], 0
+            s.best_bleu, s.bad_validations = metrics.bleu, 0
         else:
             s.bad_validations += 1
         s.last_validation = s.num_updates
         self.save(best=improved, numbered=True)
-        log.info("epoch %d | update %d | valid loss %.3f | nll %.3f | ppl %.2f | bleu %.2f | "
-                 "chrf %.2f | best bleu %.2f%s | %.1f s", s.trained_epoch, s.num_updates,
-                 metrics["loss"], metrics["nll"], metrics["ppl"],
-                 metrics["bleu"], metrics["chrf"], s.best_bleu, " (new best)" if improved
-                 else f" ({s.bad_validations} without improvement)", metrics["seconds"])
+        self.log.validation(s.num_updates, s.trained_epoch, metrics, s.best_bleu, improved,
+                            s.bad_validations, self.clock.elapsed(),
+                            report.samples if report is not None else (),
+                            report.figure if report is not None else None)
         self._last_valid = metrics
-        self._meter.restart()  # validation time is not training throughput
-        return metrics, bool(t.patience and s.bad_validations >= t.patience)
+        return _Validated(metrics, bool(t.patience and s.bad_validations >= t.patience))
 
     @torch.no_grad()
-    def validate(self) -> dict[str, float]:
-        """Loss/perplexity on the validation set and BLEU/chrF of greedy translations; with
-        TensorBoard, also the encoder-decoder attention of the first validation sentence."""
+    def validate(self) -> "ValidationReport":
+        """Loss/perplexity on the validation set and BLEU/chrF of greedy translations, a few
+        sample translations and, with TensorBoard, the encoder-decoder attention of the first
+        validation sentence. Writes nothing."""
         start = time.perf_counter()
+        corpus = self.data.valid
         # Validation is random-free, but fork anyway so it can never shift dropout masks.
         devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), self.autocast():
-            self.model.eval()
-            loss, nll = self._valid_loss()
-            hyps, refs, srcs = self._translate_valid()
-            attention = (heads.encoder_decoder_figure(self.model, self.data.tokenizers,
-                                                      srcs[0], refs[0])
-                         if self.writer is not None and srcs else None)  # one fixed sentence
-            self.model.train()
-        bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
-        chrf = sacrebleu.corpus_chrf(hyps, [refs]).score
-        metrics = {"loss": loss, "nll": nll, "ppl": math.exp(min(nll, 100.0)), "bleu": bleu,
-                   "chrf": chrf, "seconds": time.perf_counter() - start}
-        if self.writer is not None:
-            step = self.state.num_updates
-            for key in ("loss", "nll", "ppl", "bleu", "chrf"):
-                self.writer.add_scalar(f"valid/{key}", metrics[key], step)
-            # Training time so far (resumes included), for BLEU-vs-time plots.
-            self.writer.add_scalar("valid/train_time", time.monotonic() - self._start_time, step)
-            if attention is not None:
-                self.writer.add_figure("valid/encoder_decoder_attention", attention, step)
-            k = self.cfg.trainer.num_samples
-            if k:
-                rows = [f"| {s} | {r} | {h} |" for s, r, h in zip(srcs[:k], refs[:k], hyps[:k])]
-                self.writer.add_text("valid/samples", "\n".join(
-                    ["| source | reference | greedy |", "|---|---|---|", *rows]), step)
-            self.writer.flush()
-        return metrics
+        with torch.random.fork_rng(devices=devices), self.autocast(), eval_mode(self.model):
+            losses = evaluate_loss(self.model, (corpus.collate(idx).to(self.device)
+                                                for idx in self.data.eval_batches("valid")),
+                                   self.cfg.optim.label_smoothing)
+            hyps = self._translate_valid()
+            srcs, refs = corpus.src_text[:len(hyps)], corpus.tgt_text[:len(hyps)]
+            figure = (encoder_decoder_figure(self.model, self.data.tokenizers, srcs[0], refs[0])
+                      if self.log.tensorboard and hyps else None)  # one fixed sentence
+        metrics = ValidationMetrics(losses.loss, losses.nll,
+                                    sacrebleu.corpus_bleu(hyps, [refs]).score,
+                                    sacrebleu.corpus_chrf(hyps, [refs]).score,
+                                    time.perf_counter() - start)
+        k = self.cfg.trainer.num_samples
+        return ValidationReport(metrics, list(zip(srcs[:k], refs[:k], hyps[:k])), figure)
 
-    def _valid_loss(self) -> tuple[float, float]:
-        """(label-smoothed loss, nll) per target token over the validation set."""
-        corpus = self.data.valid
-        total = torch.zeros(2, dtype=torch.float64, device=self.device)
-        tokens = 0
-        for idx in self.data.eval_batches("valid"):
-            batch = corpus.collate(idx).to(self.device)
-            mask = batch.tgt_out != PAD_ID
-            logits = self.model(batch.src, batch.src_valid_lens, batch.tgt_in, output_mask=mask)
-            log_probs = logits.float().log_softmax(-1)  # (N, V), once for both numbers
-            total[0] -= log_probs.gather(1, batch.tgt_out[mask][:, None]).sum()  # nll
-            total[1] -= log_probs.mean(-1).sum()  # the smoothing term: uniform target
-            tokens += batch.num_tgt_tokens
-        nll, uniform = (total / max(tokens, 1)).tolist()
-        eps = self.cfg.optim.label_smoothing
-        return (1 - eps) * nll + eps * uniform, nll  # as CrossEntropyLoss(label_smoothing)
-
-    def _translate_valid(self) -> tuple[list[str], list[str], list[str]]:
+    def _translate_valid(self) -> list[str]:
         """Greedy translations of the first `trainer.bleu_max_sentences` validation sentences,
-        detokenized, with their references and sources (file order)."""
+        detokenized, in file order (`search.search_corpus`, as the Translator decodes)."""
         t, corpus = self.cfg.trainer, self.data.valid
         n = min(len(corpus), t.bleu_max_sentences or len(corpus))
-        hyps = [""] * n
-        for idx in eval_batches(corpus.src_lens[:n], None,
-                                t.decode_max_tokens or self.cfg.data.max_tokens):
-            batch = corpus.collate(idx).to(self.device)
-            out = greedy_search(self.model, batch.src, batch.src_valid_lens,
-                                max_len_a=t.decode_max_len_a, max_len_b=t.decode_max_len_b)
-            for i, ids in zip(idx, out):
-                hyps[i] = self.data.tokenizers.tgt.decode(ids)
-        return hyps, corpus.tgt_text[:n], corpus.src_text[:n]
+        sources = [corpus.pair(i)[0] + [EOS_ID] for i in range(n)]
+        settings = DecodingSettings(beam_size=1, max_len_a=t.decode_max_len_a,
+                                    max_len_b=t.decode_max_len_b)
+        hyps = search_corpus(self.model, sources, settings=settings,
+                             max_tokens=t.decode_max_tokens or self.cfg.data.max_tokens)
+        return [self.data.tokenizers.tgt.decode(h[0].tokens) for h in hyps]
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Everything needed to resume exactly or to translate: tensors and plain values."""
-        self.state.train_time = time.monotonic() - self._start_time
+        self.state.train_time = self.clock.elapsed()
         rngs = [ckpt.rng_state()]
         if self.env.distributed:  # every rank's dropout RNG, for an exact resume
             rngs = [None] * self.env.world_size
@@ -615,53 +535,41 @@ class Trainer:
 
     def save(self, best: bool = False, numbered: bool = False) -> None:
         """Write checkpoint_last.pt (and best / numbered copies) atomically; rank 0 only,
-        but every rank must call it (the RNG states are gathered)."""
+        but every rank must call it (the RNG states are gathered). A failed write (a full
+        disk) raises TrainingError saying which checkpoint is still good."""
         state = self.checkpoint_state()
         if not self.env.is_main:
             return
         last = self.ckpt_dir / ckpt.LAST
-        ckpt.save_checkpoint(state, last)
-        if best:
-            ckpt.copy_checkpoint(last, self.ckpt_dir / ckpt.BEST)
-        if numbered and self.cfg.trainer.keep_last:
-            ckpt.copy_checkpoint(last, ckpt.numbered_checkpoint_path(self.ckpt_dir,
-                                                                     self.state.num_updates))
-            ckpt.prune_checkpoints(self.ckpt_dir, self.cfg.trainer.keep_last)
+        try:
+            ckpt.save_checkpoint(state, last)
+            if best:
+                ckpt.copy_checkpoint(last, self.ckpt_dir / ckpt.BEST)
+            if numbered and self.cfg.trainer.keep_last:
+                ckpt.copy_checkpoint(last, ckpt.numbered_checkpoint_path(
+                    self.ckpt_dir, self.state.num_updates))
+                ckpt.prune_checkpoints(self.ckpt_dir, self.cfg.trainer.keep_last)
+        except WriteError as e:
+            still = (f"the last good checkpoint is still {last}" if last.is_file()
+                     else "no checkpoint was written yet")
+            raise TrainingError(f"{e}; {still}") from e
 
 
-class _Meter:
-    """Running sums for the log interval (plain floats: the update already synced once)."""
+@dataclass
+class ValidationReport:
+    """What `Trainer.validate` returns."""
 
-    def __init__(self) -> None:
-        self.restart()
-        self.last_loss = self.last_lr = math.nan
+    metrics: ValidationMetrics
+    samples: list[tuple[str, str, str]]  # (source, reference, greedy translation)
+    figure: Optional["Figure"]  # encoder-decoder attention of the first sentence
 
-    def restart(self) -> None:
-        self.loss = self.gnorm = self.tokens = 0.0
-        self.updates = 0
-        self.start = time.perf_counter()
 
-    def add(self, loss: float, gnorm: float, tokens: float, lr: float) -> None:
-        self.loss += loss * tokens
-        self.gnorm += gnorm
-        self.tokens += tokens
-        self.updates += 1
-        self.last_loss, self.last_lr = loss, lr
+@dataclass
+class _Validated:
+    """What `validate_and_save` returns."""
 
-    def tokens_per_s(self) -> float:
-        return self.tokens / max(time.perf_counter() - self.start, 1e-9)
-
-    def postfix(self) -> dict[str, str]:
-        """The progress bar's loss, learning rate and tokens/s."""
-        return {"loss": f"{self.last_loss:.3f}", "lr": f"{self.last_lr:.2e}",
-                "tok/s": f"{self.tokens_per_s():.0f}"}
-
-    def pop(self) -> dict[str, float]:
-        """The interval's averages; starts a new interval."""
-        out = {"loss": self.loss / max(self.tokens, 1.0), "lr": self.last_lr,
-               "gnorm": self.gnorm / max(self.updates, 1), "tokens_per_s": self.tokens_per_s()}
-        self.restart()
-        return out
+    metrics: ValidationMetrics
+    early_stop: bool  # patience exhausted
 
 
 # ---- entry point ------------------------------------------------------------------------
@@ -701,7 +609,7 @@ def train(cfg: TrainConfig, run_dir: PathLike) -> TrainResult:
             dist.broadcast_object_list(box, src=0)
             run_dir = box[0]
         run_dir = Path(run_dir)
-        cleanup_logging = setup_logging(run_dir, env)
+        cleanup_logging = setup_logging(run_dir, env.rank)
         log.info("run directory %s, world size %d", run_dir, env.world_size)
         trainer = None
         try:

@@ -4,29 +4,29 @@
     translator.translate(["A man rides a bike."], beam_size=5)        # -> ["Ein Mann ..."]
     translator.translate(lines, nbest=3)            # -> [[(text, score), ...x3], ...]
 
-Also the pieces `scripts/translate.py` is made of: lazy line reading, chunked translation of
-a stream in input order, n-best formatting and sacrebleu scoring.
+Also the pieces `scripts/translate.py` is made of: chunked translation of a stream in input
+order, n-best formatting and sacrebleu scoring.
 """
 
 from __future__ import annotations
 
-import codecs
 import itertools
 import logging
 import os
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator, Optional, Sequence, TextIO, Union
+from typing import Callable, Iterable, Optional, Sequence, TextIO, Union
 
 import torch
 
 from .checkpoint import (CheckpointError, average_checkpoints, load_checkpoint,
                          model_from_checkpoint, tokenizers_from_state)
-from .data import DataError
 from .model import Transformer
-from .search import DEFAULT_ALPHA, beam_search
-from .tokenizer import EOS_ID, PAD_ID, TokenizerPair
+from .search import DecodingSettings, search_corpus
+from .text import DataError
+from .tokenizer import EOS_ID, TokenizerPair
 
-__all__ = ["Translator", "resolve_checkpoint", "iter_lines", "translate_lines",
+__all__ = ["Translator", "resolve_checkpoint", "translate_lines",
            "format_nbest", "bleu_report", "paper_protocol", "DEFAULT_MAX_TOKENS"]
 
 log = logging.getLogger(__name__)
@@ -60,19 +60,30 @@ def _device(device: Union[str, torch.device]) -> torch.device:
 
 
 class Translator:
-    """A model and its tokenizers, ready to translate raw sentences."""
+    """A model, its tokenizers and its decoding defaults, ready to translate raw sentences.
+
+    `decoding` holds the defaults every `translate` call starts from: those stored in the
+    checkpoint by `scripts/tune_decoding.py` (alpha and beam size chosen on validation
+    data), else `DecodingSettings()`. `training_config` is the training configuration the
+    checkpoint recorded (its language pair and data), or None.
+    """
 
     def __init__(self, model: Transformer, tokenizers: TokenizerPair,
-                 device: Union[str, torch.device] = "cpu"):
+                 device: Union[str, torch.device] = "cpu", *,
+                 decoding: DecodingSettings = DecodingSettings(),
+                 training_config: Optional[dict] = None):
         self.device = _device(device)
         self.model = model.to(self.device).eval()
         self.tokenizers = tokenizers
+        self.decoding = decoding
+        self.training_config = training_config
 
     @classmethod
     def load(cls, checkpoint: Union[PathLike, Sequence[PathLike]],
              device: Union[str, torch.device] = "auto") -> "Translator":
         """Load a checkpoint file or run directory; several are averaged (same model config,
-        the first one's tokenizer). Raises CheckpointError with a one-line message."""
+        the first one's tokenizer and settings). Raises CheckpointError with a one-line
+        message."""
         paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
         files = [resolve_checkpoint(p) for p in paths]
         state = load_checkpoint(files[0]) if len(files) == 1 else average_checkpoints(files)
@@ -90,16 +101,22 @@ class Translator:
             if tokenizer.vocab_size != size:
                 raise CheckpointError(f"{name}: the {side} tokenizer has {tokenizer.vocab_size} "
                                       f"pieces but the model's vocabulary is {size}")
-        return cls(model, tokenizers, device)
+        return cls(model, tokenizers, device, decoding=_stored_decoding(state, name),
+                   training_config=state.get("config"))
 
     @property
     def max_source_tokens(self) -> int:
         """Source pieces the model reads at most (its position limit, minus EOS)."""
         return self.model.config.max_positions - 1
 
-    def translate(self, lines: Sequence[str], *, beam_size: int = 5, nbest: int = 1,
-                  alpha: float = DEFAULT_ALPHA, max_tokens: int = DEFAULT_MAX_TOKENS,
-                  max_len_a: float = 1.5, max_len_b: int = 10, return_scores: bool = False,
+    def settings(self, **overrides: Optional[float]) -> DecodingSettings:
+        """`self.decoding` with the given fields replaced; None keeps the default."""
+        return replace(self.decoding, **{k: v for k, v in overrides.items() if v is not None})
+
+    def translate(self, lines: Sequence[str], *, beam_size: Optional[int] = None,
+                  nbest: int = 1, alpha: Optional[float] = None,
+                  max_tokens: int = DEFAULT_MAX_TOKENS, max_len_a: Optional[float] = None,
+                  max_len_b: Optional[int] = None, return_scores: bool = False,
                   line_offset: int = 0, on_progress: Optional[Callable[[int], None]] = None,
                   use_cache: bool = True) -> Union[list[str], list[Scored]]:
         """Translate sentences, in input order.
@@ -107,25 +124,18 @@ class Translator:
         Returns one string per line, or, with `nbest > 1` or `return_scores`, one n-best list
         of (translation, score) per line (score: the length-normalised log-prob of
         `search.beam_search`). An empty (blank) line gives "" with score 0.0 without running
-        the model. Lines are batched by length (`max_tokens` source tokens per batch,
-        padding included). `line_offset` is added to line numbers in warnings;
-        `on_progress(n)` is called as sentences are done. `use_cache=False` re-runs the
-        decoder over the whole prefix at each step (slow; for tests and benchmarks).
+        the model. Decoding options left at None take `self.decoding`'s values. Lines are
+        batched by length (`max_tokens` source tokens per batch, padding included).
+        `line_offset` is added to line numbers in warnings; `on_progress(n)` is called as
+        sentences are done. `use_cache=False` re-runs the decoder over the whole prefix at
+        each step (slow; for tests and benchmarks).
         """
-        sources = self._encode(lines, line_offset)
-        results: list[Scored] = [[("", 0.0)] * nbest for _ in lines]
-        todo = sorted((i for i, ids in enumerate(sources) if ids), key=lambda i: -len(sources[i]))
-        if on_progress is not None and len(todo) < len(lines):
-            on_progress(len(lines) - len(todo))
-        for batch in _batches(todo, sources, max_tokens):
-            src, src_valid_lens = _pad([sources[i] for i in batch], self.device)
-            hyps = beam_search(self.model, src, src_valid_lens, beam_size=beam_size,
-                               nbest=nbest, alpha=alpha, max_len_a=max_len_a,
-                               max_len_b=max_len_b, use_cache=use_cache)
-            for i, sentence_hyps in zip(batch, hyps):
-                results[i] = [(self._decode(h.tokens), h.score) for h in sentence_hyps]
-            if on_progress is not None:
-                on_progress(len(batch))
+        settings = self.settings(beam_size=beam_size, alpha=alpha, max_len_a=max_len_a,
+                                 max_len_b=max_len_b)
+        hyps = search_corpus(self.model, self._encode(lines, line_offset), settings=settings,
+                             nbest=nbest, max_tokens=max_tokens, use_cache=use_cache,
+                             on_progress=on_progress)
+        results = [[(self._decode(h.tokens), h.score) for h in sentence] for sentence in hyps]
         if nbest == 1 and not return_scores:
             return [scored[0][0] for scored in results]
         return results
@@ -150,42 +160,18 @@ class Translator:
         return self.tokenizers.tgt.decode(ids).replace("\r", " ").replace("\n", " ")
 
 
-def _batches(order: list[int], sources: list[list[int]], max_tokens: int) -> Iterator[list[int]]:
-    """Consecutive runs of `order` (longest first) of at most `max_tokens` padded tokens."""
-    batch: list[int] = []
-    for i in order:
-        longest = len(sources[batch[0]]) if batch else len(sources[i])
-        if batch and (len(batch) + 1) * longest > max_tokens:
-            yield batch
-            batch = []
-        batch.append(i)
-    if batch:
-        yield batch
-
-
-def _pad(sources: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> src (batch, longest) padded with PAD, src_valid_lens (batch,)."""
-    longest = max(map(len, sources))
-    src = torch.tensor([ids + [PAD_ID] * (longest - len(ids)) for ids in sources])
-    return src.to(device), torch.tensor([len(ids) for ids in sources], device=device)
+def _stored_decoding(state: dict, name: object) -> DecodingSettings:
+    """The decoding settings a checkpoint stores (`decoding`: alpha, beam_size, ...), over
+    the defaults; a checkpoint without them gets the defaults."""
+    stored = state.get("decoding") or {}
+    known = {f.name for f in fields(DecodingSettings)}
+    try:
+        return DecodingSettings(**{k: v for k, v in stored.items() if k in known})
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{name} has invalid decoding settings {stored}: {e}") from e
 
 
 # ---- streams, as used by scripts/translate.py ---------------------------------------------
-
-def iter_lines(stream: BinaryIO, name: str) -> Iterator[str]:
-    """The lines of a UTF-8 byte stream, read lazily, split on "\\n" only; a "\\r" before it
-    is removed, any other "\\r" becomes a space, a leading BOM is dropped (as
-    `data.read_lines`). Invalid UTF-8 raises DataError naming the line."""
-    for number, raw in enumerate(stream, 1):
-        if number == 1:
-            raw = raw.removeprefix(codecs.BOM_UTF8)
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(f"{name}, line {number}: invalid UTF-8 (byte 0x{raw[e.start]:02x} "
-                            f"at byte {e.start + 1} of the line)") from None
-        yield line.removesuffix("\n").removesuffix("\r").replace("\r", " ")
-
 
 def format_nbest(line_number: int, scored: Scored) -> list[str]:
     """n-best output lines: LINE_NUMBER <tab> SCORE <tab> TRANSLATION, best first."""

@@ -1,0 +1,86 @@
+"""Atomic file writes: every file the package writes appears whole or not at all.
+
+    with atomic_write(path) as f:      # a temporary file beside `path`
+        f.write(data)                  # renamed to `path` only when this block succeeds
+
+On any failure (a full disk, a file-size limit, an exception in the block) the temporary
+file is removed and `path` keeps its previous contents. A failed write raises `WriteError`,
+an `OSError` whose one-line message names the file and the reason, so entry points can print
+it without a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, Iterator, Optional, Union
+
+__all__ = ["WriteError", "atomic_write"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class WriteError(OSError):
+    """A file could not be written (disk full, permissions, ...); the message names it."""
+
+
+class _RecordingFile:
+    """A file object that remembers the OSError of a failed write. Some writers (torch.save)
+    catch it and raise an unrelated RuntimeError; this keeps the real reason."""
+
+    def __init__(self, f: IO) -> None:
+        self._f = f
+        self.error: Optional[OSError] = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+
+def _failed(path: Path, error: OSError) -> WriteError:
+    return WriteError(f"could not write {path}: {error.strerror or error}")
+
+
+@contextmanager
+def atomic_write(path: PathLike, *, text: bool = False) -> Iterator[IO]:
+    """Write `path` through a temporary file in the same folder, renamed over `path` after
+    the block (fsync'ed first). Binary by default; `text=True` writes UTF-8 with "\\n".
+    An exception raised by the block itself passes through unchanged, unless a write
+    failed (then `WriteError`)."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise _failed(path, e) from e
+    f = os.fdopen(fd, "w" if text else "wb", **({"encoding": "utf-8", "newline": "\n"}
+                                                 if text else {}))
+    recorder = _RecordingFile(f)
+    try:
+        try:
+            yield recorder
+        except Exception as e:  # noqa: BLE001 -- a failed write may surface as anything
+            if recorder.error is not None:
+                raise _failed(path, recorder.error) from e
+            raise
+        try:
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+            os.replace(tmp, path)
+        except OSError as e:
+            raise _failed(path, e) from e
+    finally:
+        try:
+            f.close()  # a no-op when closed above
+        except OSError:
+            pass  # the error that matters was raised already
+        Path(tmp).unlink(missing_ok=True)  # a no-op after os.replace

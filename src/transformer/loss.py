@@ -1,0 +1,101 @@
+"""Losses: the training objective, and teacher-forced loss and nll over a set of batches.
+
+- `LabelSmoothedLoss`: what training minimizes, label-smoothed cross-entropy summed over the
+  real target tokens, with the output projection fused into it
+  (`ops.linear_label_smoothed_cross_entropy`: the logits are never materialized).
+- `teacher_forced_loss`: one batch's summed nll and label-smoothed loss from its logits,
+  differentiable (head importance takes gradients of it).
+- `evaluate_loss`: per-token loss and nll over many batches, in eval mode without gradients:
+  training's validation loss and the head-masking scores both come from here.
+
+Both compute the same quantity as `nn.CrossEntropyLoss(label_smoothing=eps)`: the target
+distribution is (1 - eps) on the reference token plus eps / V on every token, so the loss
+is (1 - eps) * nll + eps * (mean over the vocabulary of -log p).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+from torch import Tensor, nn
+
+from .data import Batch
+from .model import Transformer, eval_mode
+from .ops import linear_label_smoothed_cross_entropy
+from .tokenizer import PAD_ID
+
+__all__ = ["LabelSmoothedLoss", "TeacherForcedLoss", "teacher_forced_loss", "LossReport",
+           "evaluate_loss"]
+
+
+class LabelSmoothedLoss(nn.Module):
+    """The training objective as a module around the model, so that DDP (and torch.compile)
+    wrap model and loss together: label-smoothed cross-entropy summed over the batch's real
+    target tokens, the output projection fused into it."""
+
+    def __init__(self, model: Transformer, label_smoothing: float):
+        super().__init__()
+        self.model, self.label_smoothing = model, label_smoothing
+
+    def forward(self, src: Tensor, src_valid_lens: Tensor, tgt_in: Tensor,
+                tgt_out: Tensor) -> Tensor:
+        mask = tgt_out != PAD_ID  # (batch, tgt_len)
+        hidden = self.model.hidden_states(src, src_valid_lens, tgt_in)[mask]  # (N, d)
+        weight = self.model.output_projection.weight  # (V, d); the projection has no bias
+        return linear_label_smoothed_cross_entropy(hidden, weight, tgt_out[mask],
+                                                   self.label_smoothing)
+
+
+@dataclass
+class TeacherForcedLoss:
+    """Sums over one batch's real target tokens (tensors, differentiable)."""
+
+    nll: Tensor  # sum of -log p(reference token)
+    uniform: Tensor  # sum of the mean over the vocabulary of -log p (the smoothing term)
+    tokens: int
+
+    def label_smoothed(self, epsilon: float) -> Tensor:
+        """The label-smoothed loss, summed: (1 - eps) * nll + eps * uniform."""
+        return (1 - epsilon) * self.nll + epsilon * self.uniform
+
+
+def teacher_forced_loss(model: Transformer, batch: Batch) -> TeacherForcedLoss:
+    """Feed the reference prefix, score every real target token (the projection runs on
+    those positions only)."""
+    mask = batch.tgt_out != PAD_ID  # (batch, tgt_len)
+    logits = model(batch.src, batch.src_valid_lens, batch.tgt_in, output_mask=mask)  # (N, V)
+    log_probs = logits.float().log_softmax(-1)  # once for both numbers
+    nll = -log_probs.gather(1, batch.tgt_out[mask][:, None]).sum()
+    uniform = -log_probs.mean(-1).sum()
+    return TeacherForcedLoss(nll, uniform, batch.num_tgt_tokens)
+
+
+@dataclass
+class LossReport:
+    """Per-token averages over a set of batches."""
+
+    loss: float  # label-smoothed cross-entropy
+    nll: float  # negative log-likelihood (cross-entropy without smoothing)
+    tokens: int
+
+
+@torch.no_grad()
+def evaluate_loss(model: Transformer, batches: Iterable[Batch],
+                  label_smoothing: float = 0.0) -> LossReport:
+    """Teacher-forced loss and nll per target token over `batches`, in eval mode (the
+    model's mode is restored afterwards). Sums accumulate in float64."""
+    device = next(model.parameters()).device
+    nll = torch.zeros((), dtype=torch.float64, device=device)
+    uniform = torch.zeros_like(nll)
+    tokens = 0
+    with eval_mode(model):
+        for batch in batches:
+            sums = teacher_forced_loss(model, batch)
+            nll += sums.nll.double()
+            uniform += sums.uniform.double()
+            tokens += sums.tokens
+    mean_nll, mean_uniform = float(nll) / max(tokens, 1), float(uniform) / max(tokens, 1)
+    loss = (1 - label_smoothing) * mean_nll + label_smoothing * mean_uniform
+    return LossReport(loss, mean_nll, tokens)
