@@ -31,7 +31,7 @@ from transformer.attention import MultiHeadAttention
 from transformer.config import compose_config
 from transformer.model import ModelConfig, Transformer
 from transformer.ops import linear_label_smoothed_cross_entropy
-from transformer.training import LabelSmoothedLoss
+from transformer.loss import LabelSmoothedLoss
 from transformer.translator import Translator
 
 FAILED: list[str] = []

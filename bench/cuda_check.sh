@@ -4,7 +4,7 @@
 #
 #   bash bench/cuda_check.sh DATA_DIR [CHECKPOINT CPU_HYP ALPHA]
 #
-# DATA_DIR holds Multi30k (as ../shared/data/multi30k); CHECKPOINT with CPU_HYP (its CPU
+# DATA_DIR holds the Multi30k files (raw, and tok/); CHECKPOINT with CPU_HYP (its CPU
 # translations of test_2016_flickr.en at ALPHA) adds the check that the GPU reproduces them.
 # Logs go to $OUT when set (the device tool's output folder), else to runs/cuda_check.
 set -u

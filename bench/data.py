@@ -1,6 +1,6 @@
 """Benchmark: time to the first epoch's batches on Multi30k train, cold and cached.
 
-    python bench/data.py [--root ../shared/data/multi30k] [--max-tokens 4096]
+    python bench/data.py [--root DIR] [--max-tokens 4096]
 
 Prints SentencePiece training time (separate), the cold build (read + validate + encode all
 splits + batch epoch 0), the cached build (hash files + load cached tensors + read valid/test
@@ -20,17 +20,14 @@ import shutil  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from transformer.data import (  # noqa: E402
-    DataConfig,
-    load_data,
-    padding_ratio,
-    read_parallel,
-    resolve_files,
-)
+from transformer.batching import padding_ratio  # noqa: E402
+from transformer.config import DataConfig  # noqa: E402
+from transformer.data import load_data, resolve_files  # noqa: E402
+from transformer.multi30k import DEFAULT_ROOT  # noqa: E402
+from transformer.text import read_parallel  # noqa: E402
 from transformer.tokenizer import Tokenizer  # noqa: E402
 
 IMPORT_S = time.perf_counter() - START
-REPO = Path(__file__).resolve().parents[1]
 CACHED_TARGET_S = 2.0
 PADDING_TARGET = 0.10
 
@@ -41,12 +38,13 @@ def build(cfg: DataConfig, run_dir: Path) -> tuple[float, float, int]:
     data = load_data(cfg, run_dir)
     batches = data.train_batches(epoch=0)
     seconds = time.perf_counter() - start
-    return seconds, padding_ratio(data.train, batches), len(batches)
+    return seconds, padding_ratio(data.train.src_lens, data.train.tgt_lens, batches), len(batches)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", default=str(REPO.parent / "shared/data/multi30k"))
+    parser.add_argument("--root", default=DEFAULT_ROOT,
+                        help="folder of the Multi30k files (default: the download cache)")
     parser.add_argument("--src-lang", default="en")
     parser.add_argument("--tgt-lang", default="de")
     parser.add_argument("--vocab-size", type=int, default=8000)

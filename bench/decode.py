@@ -18,13 +18,12 @@ row 1's speed on those same sentences. One thread by default: on a shared machin
 OpenMP thread that loses its core stalls every operation (--threads 2 on a quiet machine).
 
     python bench/decode.py [--sentences 1000] [--slow-sentences 200] [--threads 1]
-                           [--checkpoint RUN_OR_PT]
+                           [--checkpoint RUN_OR_PT] [--data-root DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import subprocess
 import sys
@@ -36,10 +35,11 @@ import torch
 
 from memory import reset_peak_rss, status_mib  # bench/memory.py
 from transformer.model import ModelConfig, Transformer
+from transformer.multi30k import DEFAULT_ROOT, download_multi30k
+from transformer.text import read_lines
 from transformer.tokenizer import EOS_ID, Tokenizer, TokenizerPair
 from transformer.translator import DEFAULT_MAX_TOKENS, Translator
 
-DATA = Path(__file__).resolve().parents[2] / "shared/data/multi30k"
 SMALL = dict(num_hiddens=256, ffn_num_hiddens=1024, num_heads=4, num_encoder_layers=3,
              num_decoder_layers=3)
 ROWS = {  # name: (translate options, uses the full sentence count)
@@ -51,8 +51,10 @@ ROWS = {  # name: (translate options, uses the full sentence count)
 TARGET_CACHE_SPEEDUP = 3.0
 
 
-def read_gz(name: str) -> list[str]:
-    return gzip.decompress((DATA / name).read_bytes()).decode("utf-8").split("\n")[:-1]
+def read_gz(root: str, name: str) -> list[str]:
+    """Lines of a Multi30k file in `root` (downloaded, checksummed, if missing)."""
+    download_multi30k(root, ("en", "de"))
+    return read_lines(Path(root).expanduser() / name)
 
 
 def random_translator(spm_path: str) -> Translator:
@@ -79,7 +81,7 @@ def child(args: argparse.Namespace) -> None:
         translator = random_translator(args.spm)
         options = dict(options, max_len_a=1.0, max_len_b=5)  # output = source + 5 tokens
     options.setdefault("max_tokens", args.max_tokens)
-    lines = read_gz("test_2016_flickr.en.gz")[:count]
+    lines = read_gz(args.data_root, "test_2016_flickr.en.gz")[:count]
     translator.translate(lines[:8], **options)  # warm-up
     before = reset_peak_rss()
     start = time.perf_counter()
@@ -95,7 +97,8 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_row(name: str, args: argparse.Namespace, spm: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", name, "--spm", spm, "--sentences",
+    cmd = [sys.executable, __file__, "--child", name, "--spm", spm, "--data-root",
+           args.data_root, "--sentences",
            str(args.sentences), "--slow-sentences", str(args.slow_sentences),
            "--max-tokens", str(args.max_tokens), "--threads", str(args.threads)]
     if args.checkpoint:
@@ -112,6 +115,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--checkpoint", help="a trained model instead of random weights")
+    parser.add_argument("--data-root", default=DEFAULT_ROOT,
+                        help="folder of the Multi30k files (default: the download cache)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--spm", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -123,7 +128,8 @@ def main() -> None:
         spm = str(Path(tmp) / "spm.model")
         if not args.checkpoint:
             start = time.perf_counter()
-            Tokenizer.train(read_gz("train.en.gz") + read_gz("train.de.gz"), spm,
+            Tokenizer.train(read_gz(args.data_root, "train.en.gz")
+                            + read_gz(args.data_root, "train.de.gz"), spm,
                             vocab_size=8000)
             print(f"SentencePiece (vocab 8000, Multi30k train) trained in "
                   f"{time.perf_counter() - start:.1f}s")

@@ -10,7 +10,7 @@ chosen on the sentences that score them. Speed is the best of --repeats runs aft
 warm-up, sentences per second, translating with the usual batching (Translator).
 
     python bench/prune.py --checkpoint RUN_DIR_OR_PT [--fractions 0 0.2 0.4 0.6]
-        [--data-root ../shared/data/multi30k] [--max-sentences 1000] [--output-dir DIR]
+        [--data-root DIR] [--max-sentences 1000] [--output-dir DIR]
         [--beam-size 5] [--threads 1] [--device cpu] [--repeats 1]
 
 Prints a table and writes prune.csv and prune.png (BLEU and sentences/s vs fraction).
@@ -30,7 +30,7 @@ import sacrebleu
 import torch
 from matplotlib.figure import Figure  # saved with the Agg canvas; no pyplot, no display
 
-from transformer.evaluation import evaluation_text, load_translator
+from transformer.evaluation import evaluation_text
 from transformer.heads import gradient_importance, heads_to_prune, teacher_forced_batches
 from transformer.translator import Translator
 
@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fractions", type=float, nargs="+", default=[0.0, 0.2, 0.4, 0.6])
     p.add_argument("--data", choices=("valid", "test"), default="test",
                    help="the split scored (importance always comes from valid)")
-    p.add_argument("--data-root", default="../shared/data/multi30k")
+    p.add_argument("--data-root", help="folder of the Multi30k files (default: the run's "
+                                       "data.root, else the download cache)")
     p.add_argument("--max-sentences", type=int, default=1000)
     p.add_argument("--output-dir", type=Path, default=Path("bench-prune"))
     p.add_argument("--beam-size", type=int, default=5)
@@ -82,16 +83,17 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    base, state = load_translator(args.checkpoint, args.device)
-    valid = evaluation_text(state, data="valid", data_root=args.data_root,
+    base = Translator.load(args.checkpoint, args.device)
+    valid = evaluation_text(base.training_config, data="valid", data_root=args.data_root,
                             max_sentences=args.max_sentences)
-    sources, references = evaluation_text(state, data=args.data, data_root=args.data_root,
-                                          max_sentences=args.max_sentences)
-    batches = teacher_forced_batches(base.tokenizers, *valid, base.device)
-    importance, _ = gradient_importance(base.model, batches)
+    scored = evaluation_text(base.training_config, data=args.data, data_root=args.data_root,
+                             max_sentences=args.max_sentences)
+    sources, references = scored.src, scored.tgt
+    batches = teacher_forced_batches(base.tokenizers, valid.src, valid.tgt, base.device)
+    importance = gradient_importance(base.model, batches).importance
     total_heads = sum(len(v) for v in importance.values())
     print(f"torch {torch.__version__}, {args.threads} thread(s), {base.device}; importance on "
-          f"{len(valid[0])} valid sentences; scoring {len(sources)} {args.data} sentences, "
+          f"{len(valid)} valid sentences; scoring {len(sources)} {args.data} sentences, "
           f"beam {args.beam_size}")
     rows = []
     for fraction in args.fractions:

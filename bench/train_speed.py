@@ -18,7 +18,7 @@ noise hits both alike. CPU, float32.
 Peak RSS: each model trains a few steps in its own subprocess (whole-process VmHWM).
 
     python bench/train_speed.py [--steps 10] [--sizes tiny small] [--compile] [--all-positions]
-                                [--unfused]
+                                [--unfused] [--data-root DIR]
 
 On a shared machine, OpenMP's spin-waiting threads slow everything down by up to 10x when
 another process holds a core; OMP_WAIT_POLICY=PASSIVE keeps absolute numbers meaningful
@@ -42,13 +42,14 @@ from torch import Tensor, nn
 
 from memory import status_mib  # bench/memory.py
 from transformer.config import compose_config
-from transformer.data import Batch, Data, DataConfig, load_data
+from transformer.config import DataConfig
+from transformer.data import Batch, Data, load_data
+from transformer.multi30k import DEFAULT_ROOT
 from transformer.model import ModelConfig, PositionalEncoding, Transformer
 from transformer.tokenizer import PAD_ID
-from transformer.training import LabelSmoothedLoss
+from transformer.loss import LabelSmoothedLoss
 
 REPO = Path(__file__).resolve().parents[1]
-MULTI30K = REPO.parent / "shared/data/multi30k"
 DATA_DIR = Path(tempfile.gettempdir()) / "transformer-bench-train-speed"  # spm + cache, reused
 
 
@@ -80,8 +81,10 @@ class ReferenceModel(nn.Module):
         return hidden @ self.embedding.weight.T  # (batch, tgt_len, vocab): all positions
 
 
-def load_bench_data() -> Data:
-    cfg = DataConfig(root=str(MULTI30K), vocab_size=8000, max_tokens=4096)
+def load_bench_data(data_root: str) -> Data:
+    """Multi30k en-de from `data_root` (downloaded if missing), vocab 8000; the tokenizer and
+    encoded cache are kept in a temporary folder between runs."""
+    cfg = DataConfig(root=data_root, vocab_size=8000, max_tokens=4096)
     return load_data(cfg, DATA_DIR)
 
 
@@ -115,9 +118,9 @@ def build(kind: str, size: str, vocab: int, compile_model: bool) -> tuple[nn.Mod
     return model, step
 
 
-def peak_rss_child(kind: str, size: str, steps: int) -> None:
+def peak_rss_child(kind: str, size: str, steps: int, data_root: str) -> None:
     """In a subprocess: the process's peak RSS (MiB) after `steps` training steps."""
-    data = load_bench_data()
+    data = load_bench_data(data_root)
     batches = [data.train.collate(i) for i in data.train_batches(1)[:steps]]
     _, step = build(kind, size, data.tokenizers.src.vocab_size, False)
     for b in batches:
@@ -125,9 +128,10 @@ def peak_rss_child(kind: str, size: str, steps: int) -> None:
     print(json.dumps({"peak_mib": status_mib("VmHWM")}))
 
 
-def peak_rss(kind: str, size: str, steps: int) -> float:
+def peak_rss(kind: str, size: str, steps: int, data_root: str) -> float:
     out = subprocess.run([sys.executable, __file__, "--child", kind, "--sizes", size,
-                          "--steps", str(steps)], check=True, capture_output=True,
+                          "--steps", str(steps), "--data-root", data_root], check=True,
+                         capture_output=True,
                          text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_mib"]
 
@@ -162,13 +166,15 @@ def main() -> None:
                         help="also time ours with the projection over all positions")
     parser.add_argument("--unfused", action="store_true",
                         help="also time ours with logits + nn.CrossEntropyLoss (no fused loss)")
+    parser.add_argument("--data-root", default=DEFAULT_ROOT,
+                        help="folder of the Multi30k files (default: the download cache)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        peak_rss_child(args.child, args.sizes[0], args.steps)
+        peak_rss_child(args.child, args.sizes[0], args.steps, args.data_root)
         return
 
-    data = load_bench_data()
+    data = load_bench_data(args.data_root)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32 CPU, "
           f"Multi30k en-de batches (max_tokens 4096, vocab 8000), {args.steps} steps per "
           f"model after {args.warmup} warm-up{', torch.compile' if args.compile else ''}")
@@ -182,7 +188,8 @@ def main() -> None:
                  + (("ours_logits",) if args.unfused else ()))
         r = time_size(size, data, args.steps, args.warmup, args.compile, kinds)
         mem = ({} if args.no_memory else
-               {kind: peak_rss(kind, size, min(args.steps, 3)) for kind in ("ours", "ref")})
+               {kind: peak_rss(kind, size, min(args.steps, 3), args.data_root)
+                for kind in ("ours", "ref")})
         s, n = r["seconds"], r["tokens"]
         rows.append(f"{size:<7}{r['steps'] / s['ours']:>11.2f}{r['steps'] / s['ref']:>10.2f}"
                     f"{n / s['ours']:>11.0f}{n / s['ref']:>10.0f}{s['ref'] / s['ours']:>8.2f}x"

@@ -397,7 +397,8 @@ def test_padding_at_most_ten_percent_on_multi30k(full_multi30k, full_multi30k_li
             real += int(batch.src_valid_lens.sum() + batch.tgt_valid_lens.sum())
             total += batch.src.numel() + batch.tgt_in.numel()
         assert real / total >= 0.90
-        assert padding_ratio(multi30k_train, batches) == pytest.approx(1 - real / total)
+        ratio = padding_ratio(multi30k_train.src_lens, multi30k_train.tgt_lens, batches)
+        assert ratio == pytest.approx(1 - real / total)
 
 
 def test_eval_batches_fixed_order_and_complete(multi30k_dir, multi30k_tokenizer):

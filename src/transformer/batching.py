@@ -16,12 +16,9 @@ Translation packs its length-sorted sentences with `pack` too (`search.search_co
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 from torch import Tensor
-
-if TYPE_CHECKING:
-    from .data import ParallelCorpus
 
 __all__ = ["pack", "shard", "train_batches", "eval_batches", "padding_ratio"]
 
@@ -130,11 +127,10 @@ def eval_batches(
     return shard(pack(order, sizes, max_tokens), rank, world_size)
 
 
-def padding_ratio(corpus: "ParallelCorpus", batches: Sequence[Sequence[int]]) -> float:
-    """Fraction of batch positions (both sides, EOS/BOS counted as real) that are padding;
-    `corpus` is anything with `src_lens` and `tgt_lens` (a `data.ParallelCorpus`)."""
-    src_size = (corpus.src_lens + 1).tolist()
-    tgt_size = (corpus.tgt_lens + 1).tolist()
+def padding_ratio(src_lens: Tensor, tgt_lens: Tensor, batches: Sequence[Sequence[int]]) -> float:
+    """Fraction of batch positions (both sides, EOS/BOS counted as real) that are padding."""
+    src_size = (src_lens + 1).tolist()
+    tgt_size = (tgt_lens + 1).tolist()
     real = total = 0
     for batch in batches:
         s = [src_size[i] for i in batch]

@@ -1,0 +1,106 @@
+"""The shape of the package: modules import only lower layers (docs/DESIGN.md), importing it
+changes no global state, and the evaluation tools find a run's data as the run did."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import gzip
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from transformer import multi30k
+from transformer.checkpoint import CheckpointError
+from transformer.config import DataConfig
+from transformer.evaluation import evaluation_text
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "transformer"
+
+# Lowest first; a module may import only modules of lower layers (docs/DESIGN.md).
+LAYERS = [
+    {"ops", "files", "text", "plots", "train_log"},
+    {"tokenizer", "attention", "multi30k", "batching"},
+    {"blocks"},
+    {"model"},
+    {"config", "checkpoint"},
+    {"data"},
+    {"search", "loss", "attention_maps"},
+    {"translator"},
+    {"heads", "evaluation"},
+    {"training"},
+]
+
+
+def package_imports(module: str) -> set[str]:
+    """The package modules `module` imports (`from .x import ...`, `from . import x`)."""
+    tree = ast.parse((PACKAGE / f"{module}.py").read_text(encoding="utf-8"))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                found.add(node.module.split(".")[0])
+            else:
+                found.update(alias.name for alias in node.names)
+    return found
+
+
+def test_modules_import_only_lower_layers():
+    rank = {module: i for i, layer in enumerate(LAYERS) for module in layer}
+    modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
+    assert modules == set(rank), "a module is missing from LAYERS (and from docs/DESIGN.md)"
+    for module in sorted(modules):
+        for imported in package_imports(module):
+            assert rank[imported] < rank[module], f"{module} imports {imported}"
+
+
+def test_importing_the_package_switches_no_matplotlib_backend():
+    """No module imports pyplot (which would pick a backend for the whole process)."""
+    code = ("import sys, transformer.training, transformer.heads, transformer.plots, "
+            "transformer.evaluation; print('matplotlib.pyplot' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip() == "False"
+
+
+def run_config(**data) -> dict:
+    """A checkpoint's `config` as the trainer stores it, with these data settings."""
+    return {"data": dataclasses.asdict(DataConfig(**data))}
+
+
+def test_evaluation_reads_the_runs_own_data(tmp_path, multi30k_dir, multi30k_lines,
+                                            monkeypatch):
+    """Without --data-root the tools read the split from the run's data.root; a run whose
+    data.root is gone falls back to the download cache; data=files runs use their files."""
+    valid_en, valid_de = multi30k_lines("val.en.gz"), multi30k_lines("val.de.gz")
+    text = evaluation_text(run_config(root=str(multi30k_dir)), data="valid")
+    assert (text.src, text.tgt) == (valid_en, valid_de)
+    text = evaluation_text(run_config(root=str(multi30k_dir), src_lang="de", tgt_lang="en"),
+                           data="test", max_sentences=5)
+    assert text.src == multi30k_lines("test_2016_flickr.de.gz")[:5]
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for name in ("val.en.gz", "val.de.gz"):
+        shutil.copy(multi30k_dir / name, cache / name)
+    monkeypatch.setattr(multi30k, "DEFAULT_ROOT", str(cache))
+    moved = run_config(root=str(tmp_path / "gone"))
+    assert evaluation_text(moved, data="valid").tgt == valid_de
+    assert evaluation_text(moved, data="valid", data_root=multi30k_dir).tgt == valid_de
+
+    src, ref = tmp_path / "dev.en", tmp_path / "dev.de"
+    src.write_text("\n".join(valid_en[:7]) + "\n", encoding="utf-8")
+    ref.write_bytes(gzip.decompress((multi30k_dir / "val.de.gz").read_bytes()))
+    files = run_config(name="files", root=str(tmp_path / "gone"), train_src="t.en",
+                       train_tgt="t.de", valid_src=str(src), valid_tgt=str(ref))
+    with pytest.raises(Exception, match="has 7 lines but"):
+        evaluation_text(files, data="valid")
+    ref.write_text("\n".join(valid_de[:7]) + "\n", encoding="utf-8")
+    assert evaluation_text(files, data="valid").tgt == valid_de[:7]
+    with pytest.raises(Exception, match="the run has no test split"):
+        evaluation_text(files, data="test")
+    with pytest.raises(CheckpointError, match="does not record its training data"):
+        evaluation_text(None, data="valid")

@@ -1,0 +1,153 @@
+"""Atomic writes when the disk fills: every file the package writes (checkpoints, the
+tokenizer, the corpus cache, translations) appears whole or not at all, and the error is one
+line naming the file.
+
+A full disk is simulated with a file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored): writing past
+it fails with a real OSError (EFBIG, "File too large") from the operating system, as ENOSPC
+would on a full filesystem.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer import checkpoint as ckpt
+from transformer.data import ParallelCorpus
+from transformer.files import WriteError, atomic_write
+from transformer.text import ParallelText
+from transformer.tokenizer import Tokenizer, TokenizerPair
+
+REPO = Path(__file__).resolve().parents[1]
+ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _limit_file_size(nbytes: int) -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write instead of killing us
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, resource.getrlimit(
+        resource.RLIMIT_FSIZE)[1]))
+
+
+@contextlib.contextmanager
+def file_size_limit(nbytes: int):
+    """Writes beyond `nbytes` per file fail in this process for the duration."""
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.getsignal(signal.SIGXFSZ)
+    _limit_file_size(nbytes)
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+
+
+def leftovers(folder: Path) -> list[str]:
+    """Temporary files left in `folder` (atomic_write names them .NAME.*.tmp)."""
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_atomic_write_replaces_whole_or_not_at_all(tmp_path):
+    path = tmp_path / "out.bin"
+    with atomic_write(path) as f:
+        f.write(b"old")
+    with pytest.raises(WriteError) as info, file_size_limit(1000):
+        with atomic_write(path) as f:
+            f.write(b"x" * 5000)
+    assert str(info.value) == f"could not write {path}: File too large"
+    assert path.read_bytes() == b"old" and leftovers(tmp_path) == []
+    with pytest.raises(KeyError):  # the block's own errors pass through unchanged
+        with atomic_write(path, text=True) as f:
+            f.write("new")
+            raise KeyError("not a write error")
+    assert path.read_bytes() == b"old" and leftovers(tmp_path) == []
+    with atomic_write(path, text=True) as f:
+        f.write("new\n")
+    assert path.read_text() == "new\n"
+
+
+def test_full_disk_while_saving_the_tokenizer_and_the_corpus_cache(tmp_path,
+                                                                   multi30k_lines):
+    lines = multi30k_lines("train.en.gz")[:500]
+    tokenizer = Tokenizer.train(lines, vocab_size=500)
+    path = tmp_path / "spm.model"
+    with pytest.raises(WriteError, match=f"could not write {path}: File too large"):
+        with file_size_limit(4096):
+            tokenizer.save(path)
+    assert not path.exists() and leftovers(tmp_path) == []
+
+    corpus = ParallelCorpus.encode(ParallelText(lines, lines, list(range(len(lines)))),
+                                   TokenizerPair(tokenizer, tokenizer))
+    cache = tmp_path / "cache" / "train-0123.pt"
+    corpus.save(cache)
+    before = cache.read_bytes()
+    with pytest.raises(WriteError, match=f"could not write {cache}: File too large"):
+        with file_size_limit(4096):
+            ParallelCorpus.encode(ParallelText(lines[:400], lines[:400], list(range(400))),
+                                  TokenizerPair(tokenizer, tokenizer)).save(cache)
+    assert cache.read_bytes() == before and leftovers(cache.parent) == []
+
+
+def test_full_disk_while_checkpointing_stops_training_with_one_line(tmp_path, multi30k_dir,
+                                                                    multi30k_small_tokenizer_path):
+    """The run stops with exit 1 and one line naming the checkpoint and the last good one,
+    which is intact and loadable; no temporary file is left."""
+    run = tmp_path / "run"
+    overrides = [f"data.root={multi30k_dir}", f"data.spm_model={multi30k_small_tokenizer_path}",
+                 "data.vocab_size=400", "data.max_train_pairs=100", "data.max_tokens=512",
+                 "model.num_hiddens=32", "model.ffn_num_hiddens=64", "model.num_heads=2",
+                 "model.num_encoder_layers=1", "model.num_decoder_layers=1",
+                 "optim.cooldown_updates=0", "trainer.bleu_max_sentences=4",
+                 "trainer.validate_every_updates=1", f"hydra.run.dir={run}"]
+    command = [sys.executable, str(REPO / "scripts/train.py"), *overrides]
+    first = subprocess.run(command + ["trainer.max_updates=1"], cwd=tmp_path,
+                           env=ONE_THREAD_ENV, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    last = run / "checkpoints" / "checkpoint_last.pt"
+    size = last.stat().st_size
+    assert size > 200_000  # so that the limit below stops only the checkpoint
+    second = subprocess.run(command + ["trainer.max_updates=3"], cwd=tmp_path,
+                            env=ONE_THREAD_ENV, capture_output=True, text=True, timeout=300,
+                            preexec_fn=lambda: _limit_file_size(size // 2))
+    assert second.returncode == 1
+    assert second.stderr.strip().splitlines()[-1] == (  # after the run's log lines
+        f"error: could not write {last}: File too large; the last good checkpoint is still "
+        f"{last}")
+    assert "Traceback" not in second.stderr
+    assert ckpt.load_checkpoint(last)["train_state"]["num_updates"] == 1
+    assert leftovers(run / "checkpoints") == []
+
+
+def test_full_disk_while_writing_translations(tmp_path, multi30k_small_tokenizer_path):
+    from transformer.model import ModelConfig, Transformer
+
+    tokenizer = Tokenizer.load(multi30k_small_tokenizer_path)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(src_vocab_size=tokenizer.vocab_size,
+                                    tgt_vocab_size=tokenizer.vocab_size, num_hiddens=16,
+                                    ffn_num_hiddens=32, num_heads=2, num_encoder_layers=1,
+                                    num_decoder_layers=1))
+    checkpoint = tmp_path / "model.pt"
+    ckpt.save_checkpoint({"model": model.state_dict(), "model_config": model.config.to_dict(),
+                          "tokenizer": ckpt.tokenizers_to_state(
+                              TokenizerPair(tokenizer, tokenizer))}, checkpoint)
+    source = tmp_path / "in.txt"
+    source.write_text("A man rides a bike.\n" * 300, encoding="utf-8")
+    output = tmp_path / "out" / "hyp.txt"
+    output.parent.mkdir()
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/translate.py"), "--checkpoint", str(checkpoint),
+         "--input", str(source), "--output", str(output), "--beam-size", "1", "--device",
+         "cpu"], env=ONE_THREAD_ENV, capture_output=True, text=True, timeout=300,
+        preexec_fn=lambda: _limit_file_size(2000))
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: could not write {output}: File too large")
+    assert list(output.parent.iterdir()) == []  # no partial output, no temporary file
