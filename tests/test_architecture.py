@@ -22,8 +22,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "transformer"
 
 # Lowest first; a module may import only modules of lower layers (docs/DESIGN.md).
 LAYERS = [
-    {"ops", "files", "text", "plots", "train_log"},
-    {"tokenizer", "attention", "multi30k", "batching"},
+    {"ops", "files", "text", "train_log"},
+    {"tokenizer", "attention", "multi30k", "batching", "plots"},
     {"blocks"},
     {"model"},
     {"config", "checkpoint"},

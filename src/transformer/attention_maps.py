@@ -26,7 +26,7 @@ from torch import Tensor
 
 from .attention import MultiHeadAttention
 from .model import Transformer
-from .plots import new_figure
+from .plots import new_figure, save_png
 from .tokenizer import BOS_ID, EOS_ID, TokenizerPair
 
 if TYPE_CHECKING:
@@ -181,6 +181,6 @@ def write_attention_maps(model: Transformer, tokenizers: TokenizerPair, source: 
                                   layer.module.head_ids)], queries, keys,
                                 f"{KINDS[layer.kind]}, layer {layer.layer}")
         path = output_dir / f"{layer.kind}-{layer.layer}.png"
-        figure.savefig(path, dpi=150)
+        save_png(figure, path)
         paths.append(path)
     return paths

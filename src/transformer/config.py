@@ -22,7 +22,8 @@ from . import multi30k
 from .model import Hyperparameters, ModelConfig
 from .tokenizer import MODEL_TYPES
 
-__all__ = ["ModelSettings", "DataConfig", "OptimConfig", "TrainerConfig", "TrainConfig", "load_config",
+__all__ = ["ModelSettings", "DataConfig", "OptimConfig", "TrainerConfig", "TrainConfig",
+           "load_config",
            "compose_config", "register_configs", "CONFIG_DIR"]
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"  # the repository's configs/

@@ -27,7 +27,6 @@ from . import multi30k
 from .checkpoint import CheckpointError, load_checkpoint, numbered_checkpoints
 from .config import DataConfig
 from .data import split_files
-from .search import DecodingSettings
 from .text import DataError, ParallelText, read_lines
 from .translator import DEFAULT_MAX_TOKENS, Translator
 

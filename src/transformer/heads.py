@@ -27,7 +27,6 @@ import csv
 import math
 import os
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence, Union
 
 import sacrebleu
@@ -39,7 +38,8 @@ from .batching import eval_batches
 from .data import Batch, ParallelCorpus
 from .loss import evaluate_loss, teacher_forced_loss
 from .model import Transformer
-from .plots import new_figure
+from .files import atomic_write
+from .plots import new_figure, save_png
 from .text import ParallelText
 from .tokenizer import PAD_ID, TokenizerPair
 from .translator import Translator
@@ -238,7 +238,7 @@ def format_table(report: HeadImportance) -> str:
 
 def write_csv(report: HeadImportance, path: PathLike) -> None:
     """One row per head, the fields of `HeadScore`."""
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    with atomic_write(path, text=True) as f:
         writer = csv.DictWriter(f, [field.name for field in fields(HeadScore)])
         writer.writeheader()
         writer.writerows(asdict(s) for s in report.heads)
@@ -271,4 +271,4 @@ def plot_importance(report: HeadImportance, path: PathLike) -> None:
         figure.colorbar(image, ax=ax, shrink=0.8)
     figure.suptitle(f"head importance on {report.sentences} sentences "
                     f"(BLEU by {report.search} search)", fontsize=9)
-    figure.savefig(path, dpi=150)
+    save_png(figure, path)

@@ -23,8 +23,8 @@ from torch import Tensor, nn
 from .blocks import DecoderBlock, EncoderBlock, LayerCache
 from .ops import Dropout
 
-__all__ = ["Hyperparameters", "ModelConfig", "PositionalEncoding", "TransformerEncoder", "TransformerDecoder",
-           "Transformer", "eval_mode"]
+__all__ = ["Hyperparameters", "ModelConfig", "PositionalEncoding", "TransformerEncoder",
+           "TransformerDecoder", "Transformer", "eval_mode"]
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""Figures: a matplotlib figure on the Agg canvas (`new_figure`), and training curves from a
-run's TensorBoard logs.
+"""Figures: a matplotlib figure on the Agg canvas (`new_figure`), saved atomically as PNG
+(`save_png`), and training curves from a run's TensorBoard logs.
 
     python scripts/plot_curves.py runs/ende runs/deen --labels en-de de-en -o docs/bleu.png
 
@@ -14,10 +14,12 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
+from .files import atomic_write
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["new_figure", "read_scalars", "bleu_vs_time", "plot_bleu_vs_time"]
+__all__ = ["new_figure", "save_png", "read_scalars", "bleu_vs_time", "plot_bleu_vs_time"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -31,6 +33,12 @@ def new_figure(width: float, height: float, layout: Optional[str] = "constrained
     figure = Figure(figsize=(width, height), layout=layout)
     FigureCanvasAgg(figure)
     return figure
+
+
+def save_png(figure: "Figure", path: PathLike, dpi: int = 150) -> None:
+    """Write `figure` as a PNG, atomically."""
+    with atomic_write(path) as f:
+        figure.savefig(f, format="png", dpi=dpi)
 
 
 def read_scalars(run_dir: PathLike, tag: str) -> dict[int, float]:
@@ -76,5 +84,4 @@ def plot_bleu_vs_time(runs: Sequence[PathLike], output: PathLike,
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    Path(output).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(output, dpi=120)
+    save_png(fig, output, dpi=120)

@@ -1,4 +1,7 @@
-"""Decoding: greedy and beam search over the model's key/value cache.
+"""Decoding: greedy and beam search over the model's key/value cache, and `search_corpus`,
+the one path that decodes many sentences (training validation, the Translator, evaluation):
+sorted longest first, packed into token-bounded batches (`batching.pack`), returned in input
+order, with the settings of `DecodingSettings`.
 
 Each step feeds only the newest token; the decoder's self-attention keys/values grow in the
 cache and the encoder-decoder keys/values are projected once per sentence. `use_cache=False`
@@ -41,8 +44,8 @@ from .batching import pack
 from .model import Transformer, eval_mode
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-__all__ = ["DecodingSettings", "DEFAULT_ALPHA", "Hypothesis", "length_penalty", "max_output_lengths",
-           "greedy_search", "beam_search", "search_corpus"]
+__all__ = ["DecodingSettings", "DEFAULT_ALPHA", "Hypothesis", "length_penalty",
+           "max_output_lengths", "greedy_search", "beam_search", "search_corpus"]
 
 @dataclass(frozen=True)
 class DecodingSettings:

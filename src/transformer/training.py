@@ -12,9 +12,10 @@ Everything else is PyTorch's own: `LambdaLR`, `torch.amp`, `clip_grad_norm_`, DD
 `no_sync()` while accumulating.
 
 The run directory holds `config.yaml` (resolved), `spm.model`, `checkpoints/`, TensorBoard
-event files and `train.log` (written by `train_log.TrainLog`). Only rank 0 logs and writes. A run directory that already has
-`checkpoints/checkpoint_last.pt` is resumed: model, optimizer, schedule, scaler, counters,
-position in the epoch and RNG states are restored, so the losses continue exactly.
+event files and `train.log` (written by `train_log.TrainLog`); only rank 0 logs and writes.
+A run directory that already has `checkpoints/checkpoint_last.pt` is resumed: model,
+optimizer, schedule, scaler, counters, position in the epoch and RNG states are restored, so
+the losses continue exactly.
 """
 
 from __future__ import annotations
