@@ -185,6 +185,21 @@ def test_fused_path_equals_explicit_path(kind, self_attention, monkeypatch):
         torch.testing.assert_close(out_fused[0], mha.W_o.bias.expand(Q, d).detach())
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_self_attention_projection_same_with_and_without_gradients(bias):
+    """Training projects q, k, v with one matmul over the concatenated weights, decoding
+    (no gradients) with three: the same numbers."""
+    torch.manual_seed(0)
+    attention = MultiHeadAttention(16, 16, 16, 16, 4, 0.0, bias=bias).eval()
+    X = torch.randn(3, 5, 16)
+    valid_lens = torch.tensor([5, 2, 4])
+    with_grad = attention(X, X, X, valid_lens)
+    with torch.no_grad():
+        without = attention(X, X, X, valid_lens)
+    assert with_grad.requires_grad and not without.requires_grad
+    torch.testing.assert_close(with_grad.detach(), without, rtol=1e-6, atol=1e-6)
+
+
 def test_dropout_only_in_training():
     torch.manual_seed(0)
     mha = MultiHeadAttention(16, 16, 16, 16, 2, 0.5)

@@ -337,11 +337,19 @@ class MultiHeadAttention(nn.Module):
         h = self.num_heads
         if cache is not None and cache.static and cache.keys is not None:
             return _split_heads(self.W_q(queries), h), cache.keys, cache.values
-        # Three matmuls, as the book writes it. (One matmul over the concatenated weights
-        # would need the concatenation redone after every weight change; docs/RESULTS.md.)
-        q = _split_heads(self.W_q(queries), h)
-        k = _split_heads(self.W_k(keys), h)
-        v = _split_heads(self.W_v(values), h)
+        if queries is keys and keys is values and torch.is_grad_enabled():
+            # Training self-attention: one matmul over W_q, W_k, W_v concatenated, which
+            # costs one concatenation per forward pass, i.e. per weight update. Without
+            # gradients (decoding, step after step) three matmuls are as fast or faster
+            # (docs/RESULTS.md, "Measurements behind code choices").
+            W = torch.cat([self.W_q.weight, self.W_k.weight, self.W_v.weight])  # (3 x hidden, d)
+            b = (None if self.W_q.bias is None else
+                 torch.cat([self.W_q.bias, self.W_k.bias, self.W_v.bias]))
+            q, k, v = (_split_heads(x, h) for x in F.linear(queries, W, b).chunk(3, dim=-1))
+        else:
+            q = _split_heads(self.W_q(queries), h)
+            k = _split_heads(self.W_k(keys), h)
+            v = _split_heads(self.W_v(values), h)
         if cache is not None:
             if not cache.static and cache.keys is not None:
                 k = torch.cat([cache.keys, k], dim=2)
