@@ -109,7 +109,7 @@ class Translator:
         """Source pieces the model reads at most (its position limit, minus EOS)."""
         return self.model.config.max_positions - 1
 
-    def settings(self, **overrides: Optional[float]) -> DecodingSettings:
+    def settings(self, **overrides: Optional[Union[int, float]]) -> DecodingSettings:
         """`self.decoding` with the given fields replaced; None keeps the default."""
         return replace(self.decoding, **{k: v for k, v in overrides.items() if v is not None})
 
