@@ -31,10 +31,9 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from transformer.checkpoint import CheckpointError
 from transformer.files import atomic_write
-from transformer.search import DecodingSettings
+from transformer.search import DEFAULT_MAX_TOKENS, DecodingSettings
 from transformer.text import DataError, iter_lines, read_lines
-from transformer.translator import (DEFAULT_MAX_TOKENS, Translator, bleu_report,
-                                    paper_protocol, translate_lines)
+from transformer.translator import Translator, bleu_report, paper_protocol, translate_lines
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,7 +28,7 @@ from transformer.checkpoint import (CheckpointError, average_checkpoints, load_c
 from transformer.text import DataError
 from transformer.evaluation import (DecodingTrial, add_evaluation_arguments, best_trial,
                                     checkpoints_within, evaluation_text, tune_decoding)
-from transformer.translator import DEFAULT_MAX_TOKENS
+from transformer.search import DEFAULT_MAX_TOKENS
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -87,7 +87,7 @@ def attention_maps(model: Transformer, src_ids: Sequence[int],
     """Attention weights of one sentence pair, teacher-forced: {layer name: (heads,
     queries, keys)} as float32 on the CPU. The ids are pieces without BOS/EOS; the model
     reads `src + [EOS]` and `[BOS] + tgt`."""
-    device = next(model.parameters()).device
+    device = model.device
     src = torch.tensor([list(src_ids) + [EOS_ID]], device=device)  # (1, src_len)
     tgt_in = torch.tensor([[BOS_ID] + list(tgt_ids)], device=device)  # (1, tgt_len)
     with recording_attention(model) as layers:

@@ -28,7 +28,8 @@ from .checkpoint import CheckpointError, load_checkpoint, numbered_checkpoints
 from .config import DataConfig
 from .data import split_files
 from .text import DataError, ParallelText, read_lines
-from .translator import DEFAULT_MAX_TOKENS, Translator
+from .search import DEFAULT_MAX_TOKENS
+from .translator import Translator
 
 __all__ = ["run_data_config", "evaluation_text", "add_evaluation_arguments", "Evaluation",
            "load_for_evaluation", "checkpoints_within", "DecodingTrial", "tune_decoding",

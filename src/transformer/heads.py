@@ -99,7 +99,7 @@ def gradient_importance(model: Transformer, batches: Sequence[Batch]) -> Gradien
     (non-padding) queries of -sum_k p_k log p_k, in nats.
     """
     layers = attention_layers(model)
-    device = next(model.parameters()).device
+    device = model.device
     importance = {layer.name: torch.zeros(layer.module.num_heads, dtype=torch.float64)
                   for layer in layers}
     entropy = {name: torch.zeros_like(value) for name, value in importance.items()}

@@ -86,7 +86,7 @@ def evaluate_loss(model: Transformer, batches: Iterable[Batch],
                   label_smoothing: float = 0.0) -> LossReport:
     """Teacher-forced loss and nll per target token over `batches`, in eval mode (the
     model's mode is restored afterwards). Sums accumulate in float64."""
-    device = next(model.parameters()).device
+    device = model.device
     nll = torch.zeros((), dtype=torch.float64, device=device)
     uniform = torch.zeros_like(nll)
     tokens = 0

@@ -244,6 +244,11 @@ class Transformer(nn.Module):
             self.get_submodule(name).prune_heads(hs)
         self.config = config
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters are."""
+        return self.output_projection.weight.device
+
     def num_parameters(self) -> int:
         """Trainable parameters; a matrix shared by several layers counts once."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad)

@@ -44,8 +44,9 @@ from .batching import pack
 from .model import Transformer, eval_mode
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-__all__ = ["DecodingSettings", "DEFAULT_ALPHA", "Hypothesis", "length_penalty",
-           "max_output_lengths", "greedy_search", "beam_search", "search_corpus"]
+__all__ = ["DecodingSettings", "DEFAULT_ALPHA", "DEFAULT_MAX_TOKENS", "Hypothesis",
+           "length_penalty", "max_output_lengths", "greedy_search", "beam_search",
+           "search_corpus"]
 
 @dataclass(frozen=True)
 class DecodingSettings:
@@ -65,6 +66,7 @@ class DecodingSettings:
 
 
 DEFAULT_ALPHA = DecodingSettings.alpha
+DEFAULT_MAX_TOKENS = 2048  # source tokens per decoding batch, padding included, before the beam
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,8 @@ def _select_cache(cache: Optional[list[LayerCache]], index: Tensor, *,
 def greedy_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
                   max_len_a: float = 1.5, max_len_b: int = 10,
                   use_cache: bool = True) -> list[list[int]]:
-    """Translate a batch greedily -> token ids per sentence, without BOS/EOS."""
+    """Translate a batch greedily -> token ids per sentence, without BOS/EOS. The package
+    decodes with `beam_search(beam_size=1)`, which the tests check equals this plain loop."""
     max_lens = max_output_lengths(src_valid_lens, max_len_a, max_len_b,
                                   model.config.max_positions)  # (batch,)
     outputs: list[list[int]] = [[] for _ in range(src.shape[0])]
@@ -259,7 +262,7 @@ def _collect(finished: list[list[Hypothesis]], kth_score: Tensor, ended: Tensor,
 
 def search_corpus(model: Transformer, sources: Sequence[Sequence[int]], *,
                   settings: DecodingSettings = DecodingSettings(), nbest: int = 1,
-                  max_tokens: int = 2048, use_cache: bool = True,
+                  max_tokens: int = DEFAULT_MAX_TOKENS, use_cache: bool = True,
                   on_progress: Optional[Callable[[int], None]] = None
                   ) -> list[list[Hypothesis]]:
     """Beam search over many sentences, in input order: the one decoding path of validation,
@@ -268,7 +271,7 @@ def search_corpus(model: Transformer, sources: Sequence[Sequence[int]], *,
     first and packed into batches of at most `max_tokens` padded source tokens (before the
     beam expands them). `beam_size=1` is greedy search. `on_progress(n)` is called as
     sentences are done."""
-    device = next(model.parameters()).device
+    device = model.device
     results = [[Hypothesis([], 0.0, 0.0)] * nbest for _ in sources]
     todo = sorted((i for i, ids in enumerate(sources) if ids), key=lambda i: -len(sources[i]))
     if on_progress is not None and len(todo) < len(sources):

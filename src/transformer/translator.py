@@ -22,18 +22,17 @@ import torch
 from .checkpoint import (CheckpointError, average_checkpoints, load_checkpoint,
                          model_from_checkpoint, tokenizers_from_state)
 from .model import Transformer
-from .search import DecodingSettings, search_corpus
+from .search import DEFAULT_MAX_TOKENS, DecodingSettings, search_corpus
 from .text import DataError
 from .tokenizer import EOS_ID, TokenizerPair
 
 __all__ = ["Translator", "resolve_checkpoint", "translate_lines",
-           "format_nbest", "bleu_report", "paper_protocol", "DEFAULT_MAX_TOKENS"]
+           "format_nbest", "bleu_report", "paper_protocol"]
 
 log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
 Scored = list[tuple[str, float]]  # an n-best list: (translation, score), best first
-DEFAULT_MAX_TOKENS = 2048  # source tokens per batch, padding included, before beam expansion
 
 
 def resolve_checkpoint(path: PathLike) -> Path:
