@@ -23,8 +23,7 @@ from .model import Hyperparameters, ModelConfig
 from .tokenizer import MODEL_TYPES
 
 __all__ = ["ModelSettings", "DataConfig", "OptimConfig", "TrainerConfig", "TrainConfig",
-           "load_config",
-           "compose_config", "register_configs", "CONFIG_DIR"]
+           "load_config", "compose_config", "register_configs", "CONFIG_DIR"]
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"  # the repository's configs/
 
@@ -61,7 +60,8 @@ class ModelSettings(Hyperparameters):
 
     def to_model_config(self, src_vocab_size: int, tgt_vocab_size: int,
                         share_embeddings: bool) -> ModelConfig:
-        architecture = {f.name: getattr(self, f.name) for f in dataclasses.fields(Hyperparameters)}
+        architecture = {f.name: getattr(self, f.name)
+                        for f in dataclasses.fields(Hyperparameters)}
         return ModelConfig(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
                            share_embeddings=share_embeddings, **architecture)
 
