@@ -33,6 +33,20 @@ def test_default_is_the_multi30k_tiny_recipe():
     assert cfg.trainer.max_time == 5300 and cfg.trainer.keep_last == 10  # 90 minutes, averaging
 
 
+def test_paper_experiment_is_wu_et_al_as_published():
+    """configs/experiment/multi30k_paper.yaml: Wu et al. (2021)'s Transformer-Tiny recipe."""
+    cfg = compose_config(["experiment=multi30k_paper"])
+    m, o, t, d = cfg.model, cfg.optim, cfg.trainer, cfg.data
+    assert (m.name, m.num_hiddens, m.ffn_num_hiddens, m.num_heads, m.num_encoder_layers,
+            m.num_decoder_layers, m.dropout, m.norm_first, m.tie_output) == (
+        "tiny", 128, 256, 4, 4, 4, 0.3, False, True)
+    assert d.joint_vocab and d.max_tokens * o.update_freq == 8192  # their 2 GPUs x 4,096
+    assert (o.name, o.lr, list(o.betas), o.warmup_updates, o.schedule, o.cooldown_updates,
+            o.label_smoothing) == ("adam", 0.005, [0.9, 0.98], 2000, "inverse_sqrt", 0, 0.1)
+    assert (t.max_updates, t.max_time, t.keep_last) == (8000, None, 10)
+    assert 0 < t.validate_after_updates < t.max_updates  # validation in the last epochs only
+
+
 @pytest.mark.parametrize("name, dims", [
     ("tiny", (128, 256, 4, 4, 4, 0.3)),
     ("small", (256, 1024, 4, 3, 3, 0.1)),

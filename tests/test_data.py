@@ -262,6 +262,14 @@ def test_multi30k_load_trains_once_and_caches(multi30k_dir, tmp_path, monkeypatc
         load_data(DataConfig(root=str(multi30k_dir), vocab_size=3000), run)
 
 
+def test_vocabulary_too_large_for_the_text_names_the_key(multi30k_dir, tmp_path):
+    cfg = DataConfig(root=str(multi30k_dir), vocab_size=8000, max_train_pairs=200)
+    with pytest.raises(DataError, match=r"data.vocab_size=8000 on the 200 training pairs: "
+                                        r"Vocabulary size too high \(8000\)"):
+        load_data(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "spm.model").exists()
+
+
 def test_cache_is_keyed_by_content_and_tokenizer(tmp_path, multi30k_tokenizer_path, monkeypatch):
     cfg = files_config(tmp_path, multi30k_tokenizer_path)
     load_data(cfg, tmp_path / "run")

@@ -136,6 +136,24 @@ def test_resume_continues_with_identical_losses(tmp_path, small):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_no_validation_before_validate_after_updates(tmp_path, small):
+    """Epochs that end before trainer.validate_after_updates save checkpoints (for resuming
+    and averaging) without validating; later ones validate as usual."""
+    result = train(compose_config(small + ["trainer.max_updates=40",
+                                           "trainer.validate_after_updates=25",
+                                           "trainer.keep_last=10"]), tmp_path)
+    log_text = (tmp_path / "train.log").read_text()
+    epoch_ends = sorted(int(p.stem.split("_")[1])
+                        for p in (tmp_path / "checkpoints").glob("checkpoint_[0-9]*.pt"))
+    validated = [int(line.split("| update ")[1].split(" |")[0])
+                 for line in log_text.splitlines() if "| valid loss" in line]
+    assert len(epoch_ends) >= 4 and epoch_ends[-1] == 40 == result.state.num_updates
+    assert validated == [n for n in epoch_ends if n >= 25]  # the last epochs and the end
+    assert min(epoch_ends) < 25 and result.state.last_validation == 40
+    assert result.state.target_tokens > 0 and f"{result.state.target_tokens:,} target tokens" \
+        in log_text
+
+
 def test_resume_requires_a_checkpoint_and_the_same_model(tmp_path, small):
     with pytest.raises(ckpt.CheckpointError, match="no .*checkpoint_last.pt"):
         train(compose_config(small + ["trainer.resume=true"]), tmp_path)

@@ -202,6 +202,8 @@ class TrainerConfig:
     max_updates: Optional[int] = None
     max_time: Optional[float] = None  # seconds of training, summed over resumed runs
     validate_every_updates: int = 0  # also validate every N updates; 0: only after epochs
+    validate_after_updates: int = 0  # no validation before this many updates (checkpoints
+    #                                  are still saved after every epoch); 0: from the start
     patience: int = 0  # stop after N validations without a better BLEU; 0: never
     keep_last: int = 5  # numbered checkpoints kept besides last/best; 0: none written
     resume: bool = False  # require checkpoints/checkpoint_last.pt (used anyway if present)
@@ -227,7 +229,8 @@ class TrainerConfig:
                    f"trainer.{key} must be a positive integer or null, got {value!r}")
         _check(self.max_time is None or self.max_time > 0,
                f"trainer.max_time must be > 0 seconds or null, got {self.max_time}")
-        for key in ("validate_every_updates", "patience", "keep_last", "num_samples"):
+        for key in ("validate_every_updates", "validate_after_updates", "patience", "keep_last",
+                    "num_samples"):
             value = getattr(self, key)
             _check(_is_int(value) and value >= 0, f"trainer.{key} must be >= 0, got {value!r}")
         for key in ("log_every_updates", "max_bad_updates"):

@@ -351,14 +351,19 @@ def train_tokenizers(cfg: DataConfig, text: ParallelText, run_dir: PathLike) -> 
     start = time.perf_counter()
     options = dict(vocab_size=cfg.vocab_size, model_type=cfg.spm_model_type)
     paths = spm_paths(cfg, run_dir)
-    if cfg.joint_vocab:
-        tok = Tokenizer.train(itertools.chain(text.src, text.tgt), paths[0], **options)
-        pair = TokenizerPair(tok, tok)
-    else:
-        pair = TokenizerPair(
-            Tokenizer.train(text.src, paths[0], **options),
-            Tokenizer.train(text.tgt, paths[1], **options),
-        )
+    try:
+        if cfg.joint_vocab:
+            tok = Tokenizer.train(itertools.chain(text.src, text.tgt), paths[0], **options)
+            pair = TokenizerPair(tok, tok)
+        else:
+            pair = TokenizerPair(
+                Tokenizer.train(text.src, paths[0], **options),
+                Tokenizer.train(text.tgt, paths[1], **options),
+            )
+    except RuntimeError as e:  # SentencePiece's own checks, e.g. too few distinct pieces
+        reason = str(e).splitlines()[0].split("] ")[-1]
+        raise DataError(f"cannot train SentencePiece with data.vocab_size={cfg.vocab_size} on "
+                        f"the {len(text)} training pairs: {reason}") from None
     log.info("trained SentencePiece (%s) in %.1f s -> %s", cfg.spm_model_type,
              time.perf_counter() - start, ", ".join(map(str, paths)))
     return pair

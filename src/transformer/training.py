@@ -78,6 +78,7 @@ class TrainState:
     bad_updates: int = 0  # updates skipped for a non-finite loss/gradient, in total
     bad_in_row: int = 0
     train_time: float = 0.0  # seconds, over all resumed runs
+    target_tokens: int = 0  # target tokens trained on (all ranks), over all resumed runs
 
     @property
     def trained_epoch(self) -> int:
@@ -333,14 +334,15 @@ class Trainer:
         elif self.state.last_validation != self.state.num_updates:
             valid = self.validate_and_save().metrics
         s = self.state
-        log.info("stopped (%s) in epoch %d after %d updates, %.0f s; best BLEU %.2f; "
-                 "checkpoints in %s", reason, s.trained_epoch, s.num_updates, s.train_time,
-                 s.best_bleu, self.ckpt_dir)
+        log.info("stopped (%s) in epoch %d after %d updates (%s target tokens), %.0f s; best "
+                 "BLEU %.2f; checkpoints in %s", reason, s.trained_epoch, s.num_updates,
+                 f"{s.target_tokens:,}", s.train_time, s.best_bleu, self.ckpt_dir)
         return TrainResult(reason, s, self.losses, valid)
 
     def run_epoch(self) -> Optional[str]:
-        """Train on the rest of the current epoch, then validate. Returns the reason to stop,
-        or None to go on with the next epoch."""
+        """Train on the rest of the current epoch, then validate and save (before
+        `trainer.validate_after_updates` updates: save only). Returns the reason to stop, or
+        None to go on with the next epoch."""
         s, t, uf = self.state, self.cfg.trainer, self.cfg.optim.update_freq
         if t.max_epochs is not None and s.epoch > t.max_epochs:
             return "max_epochs"
@@ -360,10 +362,14 @@ class Trainer:
                 bar.update()
                 bar.set_postfix(self.log.meter.postfix(), refresh=False)
                 if (t.validate_every_updates and s.num_updates != s.last_validation
-                        and s.num_updates % t.validate_every_updates == 0):
+                        and s.num_updates % t.validate_every_updates == 0
+                        and s.num_updates >= t.validate_after_updates):
                     if self.validate_and_save().early_stop:
                         return "patience"
         s.epoch, s.batches_done = s.epoch + 1, 0
+        if s.num_updates < t.validate_after_updates:
+            self.save(numbered=True)  # for resuming and averaging; no validation yet
+            return None
         return "patience" if self.validate_and_save().early_stop else None
 
     def train_step(self, batches: list[Batch]) -> Optional[str]:
@@ -434,6 +440,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if finite:
             s.num_updates += 1
+            s.target_tokens += int(tokens)
             s.bad_in_row = 0
             self.scheduler.step()
             self.losses.append(loss)
