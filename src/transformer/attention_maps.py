@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .attention import MultiHeadAttention
-from .model import Transformer
+from .model import Transformer, eval_mode
 from .plots import new_figure, save_png
 from .tokenizer import BOS_ID, EOS_ID, TokenizerPair
 
@@ -68,17 +68,15 @@ def recording_attention(model: Transformer) -> Iterator[list[AttentionLayer]]:
     the training flag and `need_weights` are restored on exit, the weights dropped."""
     layers = attention_layers(model)
     flags = [layer.module.need_weights for layer in layers]
-    training = model.training
-    model.eval()
     for layer in layers:
         layer.module.need_weights = True
     try:
-        yield layers
+        with eval_mode(model):
+            yield layers
     finally:
         for layer, flag in zip(layers, flags):
             layer.module.need_weights = flag
             layer.module.attention.attention_weights = None
-        model.train(training)
 
 
 @torch.no_grad()

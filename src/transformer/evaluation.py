@@ -27,7 +27,7 @@ from . import multi30k
 from .checkpoint import CheckpointError, load_checkpoint, numbered_checkpoints
 from .config import DataConfig
 from .data import split_files
-from .text import DataError, ParallelText, read_lines
+from .text import DataError, ParallelText, read_parallel
 from .search import DEFAULT_MAX_TOKENS
 from .translator import Translator
 
@@ -90,13 +90,11 @@ def evaluation_text(training_config: Optional[dict], *, data: str = "valid",
         src, ref = _run_split(run_data_config(training_config), data, data_root)
     if max_sentences is not None and max_sentences < 1:
         raise DataError(f"max_sentences must be >= 1, got {max_sentences}")
-    sources, references = read_lines(src), read_lines(ref)
-    if len(sources) != len(references):
-        raise DataError(f"{src} has {len(sources)} lines but {ref} has {len(references)}")
-    if not sources:
+    text = read_parallel(src, ref, split=data)  # checks UTF-8 and the line counts
+    if not text.src:
         raise DataError(f"{src} is empty")
-    sources, references = sources[:max_sentences], references[:max_sentences]
-    return ParallelText(sources, references, list(range(len(sources))))
+    return ParallelText(text.src[:max_sentences], text.tgt[:max_sentences],
+                        text.lines[:max_sentences])
 
 
 def add_evaluation_arguments(parser: argparse.ArgumentParser,
