@@ -47,7 +47,8 @@ from torch import Tensor, nn
 from memory import status_mib  # bench/memory.py
 from transformer.config import compose_config
 from transformer.config import DataConfig
-from transformer.data import Batch, Data, load_data
+from transformer.data import Data, load_data
+from transformer.store import Batch
 from transformer.multi30k import DEFAULT_ROOT
 from transformer.model import ModelConfig, PositionalEncoding, Transformer
 from transformer.tokenizer import PAD_ID

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import contextlib
 import functools
 import gzip
@@ -12,13 +13,15 @@ from dataclasses import fields
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from transformer.batching import eval_batches, padding_ratio, train_batches
 from transformer.config import DataConfig
-from transformer.data import ParallelCorpus, load_data, resolve_files
+from transformer.data import load_data, resolve_files
+from transformer.store import ParallelCorpus
 from transformer.multi30k import SHA256 as MULTI30K_SHA256
 from transformer.multi30k import download_file, download_multi30k
 from transformer.text import DataError, read_lines, read_parallel
@@ -241,7 +244,7 @@ def test_multi30k_load_trains_once_and_caches(multi30k_dir, tmp_path, monkeypatc
     cfg = DataConfig(root=str(multi30k_dir), vocab_size=2000, spm_model_type="bpe")
     run = tmp_path / "run"
     first = load_data(cfg, run)
-    assert (run / "spm.model").is_file() and len(list((run / "cache").glob("*.pt"))) == 3
+    assert (run / "spm.model").is_file() and len(list((run / "cache").glob("*-*"))) == 3
     assert (len(first.train), len(first.valid), len(first.test)) == (3000, 300, 300)
     assert first.tokenizer.vocab_size == 2000
 
@@ -251,8 +254,8 @@ def test_multi30k_load_trains_once_and_caches(multi30k_dir, tmp_path, monkeypatc
     monkeypatch.setattr(Tokenizer, "train", fail)
     monkeypatch.setattr(Tokenizer, "encode_batch", fail)
     second = load_data(cfg, run)
-    assert torch.equal(second.train.src_ids, first.train.src_ids)
-    assert torch.equal(second.train.tgt_offsets, first.train.tgt_offsets)
+    assert np.array_equal(second.train.src_ids, first.train.src_ids)
+    assert np.array_equal(second.train.tgt_offsets, first.train.tgt_offsets)
     assert second.valid.tgt_text == first.valid.tgt_text  # references are raw text
     reference = "Eine Gruppe von Männern lädt Baumwolle auf einen Lastwagen"
     assert second.valid.tgt_text[0] == reference
@@ -270,15 +273,21 @@ def test_vocabulary_too_large_for_the_text_names_the_key(multi30k_dir, tmp_path)
     assert not (tmp_path / "run" / "spm.model").exists()
 
 
-def test_cache_is_keyed_by_content_and_tokenizer(tmp_path, multi30k_tokenizer_path, monkeypatch):
+def test_cache_is_keyed_by_content_and_tokenizer(tmp_path, multi30k_tokenizer_path,
+                                                 multi30k_small_tokenizer_path):
     cfg = files_config(tmp_path, multi30k_tokenizer_path)
     load_data(cfg, tmp_path / "run")
-    assert len(list((tmp_path / "run" / "cache").glob("train-*.pt"))) == 1
-    # Same file names, new content: the cache must not be reused.
+    stores = list((tmp_path / "run" / "cache").glob("train-*"))
+    assert len(stores) == 1
+    # Same file names, new content: the store must not be reused, but rebuilt in its place.
     write(Path(cfg.train_src), "A horse.\nA cow jumps.\nTwo men talk.\n")
     write(Path(cfg.train_tgt), "Ein Pferd.\nEine Kuh springt.\nZwei Männer reden.\n")
     data = load_data(cfg, tmp_path / "run")
-    assert len(data.train) == 3 and len(list((tmp_path / "run" / "cache").glob("train-*.pt"))) == 2
+    assert len(data.train) == 3 and list((tmp_path / "run" / "cache").glob("train-*")) == stores
+    # Another tokenizer: another store beside it.
+    other = dataclasses.replace(cfg, spm_model=str(multi30k_small_tokenizer_path))
+    load_data(other, tmp_path / "run")
+    assert len(list((tmp_path / "run" / "cache").glob("train-*"))) == 2
     tok = data.tokenizer
     assert data.train.pair(1) == (tok.encode("A cow jumps."), tok.encode("Eine Kuh springt."))
 
@@ -339,12 +348,16 @@ def test_every_pair_exactly_once_per_epoch(multi30k_train):
         assert len(flat) == len(multi30k_train) and sorted(flat) == list(range(len(multi30k_train)))
 
 
+def as_lists(batches) -> list[list[int]]:
+    return [b.tolist() for b in batches]
+
+
 def test_batches_are_deterministic_per_seed_and_epoch(multi30k_train):
     lens = (multi30k_train.src_lens, multi30k_train.tgt_lens)
-    a = train_batches(*lens, 4096, seed=1, epoch=0)
-    assert a == train_batches(*lens, 4096, seed=1, epoch=0)
-    assert a != train_batches(*lens, 4096, seed=1, epoch=1)
-    assert a != train_batches(*lens, 4096, seed=2, epoch=0)
+    a = as_lists(train_batches(*lens, 4096, seed=1, epoch=0))
+    assert a == as_lists(train_batches(*lens, 4096, seed=1, epoch=0))
+    assert a != as_lists(train_batches(*lens, 4096, seed=1, epoch=1))
+    assert a != as_lists(train_batches(*lens, 4096, seed=2, epoch=0))
     # Batches are built from length-sorted pools; their order must still be shuffled.
     longest = [int(multi30k_train.collate(b).tgt_in.shape[1]) for b in a]
     descents = sum(x > y for x, y in zip(longest, longest[1:]))
@@ -414,7 +427,7 @@ def test_eval_batches_fixed_order_and_complete(multi30k_dir, multi30k_tokenizer)
     pair = TokenizerPair(multi30k_tokenizer, multi30k_tokenizer)
     corpus = ParallelCorpus.encode(text, pair, keep_text=True)
     batches = eval_batches(corpus.src_lens, corpus.tgt_lens, 1000)
-    assert batches == eval_batches(corpus.src_lens, corpus.tgt_lens, 1000)
+    assert as_lists(batches) == as_lists(eval_batches(corpus.src_lens, corpus.tgt_lens, 1000))
     assert sorted(i for b in batches for i in b) == list(range(len(text)))
     translations = [None] * len(corpus)
     for b in batches:
@@ -434,6 +447,6 @@ def test_eval_batches_fixed_order_and_complete(multi30k_dir, multi30k_tokenizer)
 def test_data_train_batches_uses_config(tmp_path, multi30k_tokenizer_path):
     cfg = files_config(tmp_path, multi30k_tokenizer_path, max_tokens=20)
     data = load_data(cfg, tmp_path / "run")
-    assert data.train_batches(0) == train_batches(
+    assert as_lists(data.train_batches(0)) == as_lists(train_batches(
         data.train.src_lens, data.train.tgt_lens, 20, seed=data.cfg.seed, epoch=0
-    )
+    ))

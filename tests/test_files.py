@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from transformer import checkpoint as ckpt
-from transformer.data import ParallelCorpus
+from transformer.data import SplitFiles, write_split_store
 from transformer.files import WriteError, atomic_write
-from transformer.text import ParallelText
+from transformer.store import ParallelCorpus
 from transformer.tokenizer import Tokenizer, TokenizerPair
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,8 +73,7 @@ def test_atomic_write_replaces_whole_or_not_at_all(tmp_path):
     assert path.read_text() == "new\n"
 
 
-def test_full_disk_while_saving_the_tokenizer_and_the_corpus_cache(tmp_path,
-                                                                   multi30k_lines):
+def test_full_disk_while_saving_the_tokenizer_and_the_corpus_store(tmp_path, multi30k_lines):
     lines = multi30k_lines("train.en.gz")[:500]
     tokenizer = Tokenizer.train(lines, vocab_size=500)
     path = tmp_path / "spm.model"
@@ -83,16 +82,21 @@ def test_full_disk_while_saving_the_tokenizer_and_the_corpus_cache(tmp_path,
             tokenizer.save(path)
     assert not path.exists() and leftovers(tmp_path) == []
 
-    corpus = ParallelCorpus.encode(ParallelText(lines, lines, list(range(len(lines)))),
-                                   TokenizerPair(tokenizer, tokenizer))
-    cache = tmp_path / "cache" / "train-0123.pt"
-    corpus.save(cache)
-    before = cache.read_bytes()
-    with pytest.raises(WriteError, match=f"could not write {cache}: File too large"):
-        with file_size_limit(4096):
-            ParallelCorpus.encode(ParallelText(lines[:400], lines[:400], list(range(400))),
-                                  TokenizerPair(tokenizer, tokenizer)).save(cache)
-    assert cache.read_bytes() == before and leftovers(cache.parent) == []
+    files = SplitFiles(tmp_path / "train.en", tmp_path / "train.de")
+    for file in (files.src, files.tgt):
+        file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    pair = TokenizerPair(tokenizer, tokenizer)
+    store = tmp_path / "cache" / "train-0123"
+    write_split_store(store, files, "train", pair)
+    before = {p.name: p.read_bytes() for p in store.iterdir()}
+    files.src.write_text("\n".join(lines[::-1]) + "\n", encoding="utf-8")  # new contents
+    with pytest.raises(WriteError, match=f"could not write {store}/src.bin: File too large"):
+        with file_size_limit(4096):  # the ids of 500 sentences need ~15 kB
+            write_split_store(store, files, "train", pair)
+    # the old store is intact and nothing half-written is left beside it
+    assert {p.name: p.read_bytes() for p in store.iterdir()} == before
+    assert [p.name for p in store.parent.iterdir()] == [store.name]
+    assert ParallelCorpus.open(store).pair(0)[0] == tokenizer.encode(lines[0])
 
 
 def test_full_disk_while_checkpointing_stops_training_with_one_line(tmp_path, multi30k_dir,

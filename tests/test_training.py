@@ -7,11 +7,13 @@ import importlib.util
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -212,6 +214,65 @@ def test_torchrun_two_cpu_processes(tmp_path, small):
     assert len(state["rng"]) == 2  # both ranks' RNG states, for an exact resume
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_torchrun_nodes_end_with_identical_parameters(tmp_path, small):
+    """Two "nodes" on 127.0.0.1 (c10d rendezvous, gloo, one process each), as on two
+    machines: rank 0 prepares the data first, the other node's first rank then finds it
+    ready; both train 3 updates and hold the same parameters as the checkpoint."""
+    port = _free_port()
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+               "--nproc-per-node=1", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=test-two-nodes",
+               "--max-restarts=0", str(REPO / "tests/torchrun_worker.py"),
+               str(tmp_path / "run"), str(tmp_path), *small, "trainer.max_updates=3"]
+    nodes = [subprocess.Popen(command, cwd=tmp_path, env=ONE_THREAD_ENV,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    try:
+        outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert [r["num_updates"] for r in ranks] == [3, 3]
+    saved = ckpt.load_checkpoint(tmp_path / "run/checkpoints/checkpoint_last.pt")["model"]
+    for name, value in saved.items():
+        assert torch.equal(ranks[0]["model"][name], value), name
+        assert torch.equal(ranks[1]["model"][name], value), name
+
+
+def test_kill_mid_epoch_resumes_from_the_last_periodic_checkpoint(tmp_path, small):
+    """trainer.save_every_updates=4: a run killed (SIGKILL, no chance to save) in the middle
+    of an epoch resumes from its last multiple of 4 updates, and the losses from there on are
+    those of a run that was never interrupted."""
+    common = [o for o in small if not o.startswith(("data.max_train_pairs", "data.max_tokens"))]
+    common += ["data.max_tokens=256", "trainer.save_every_updates=4"]
+    run = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, TRAIN_SCRIPT, *common, "trainer.max_updates=100000",
+                             f"hydra.run.dir={run}"], cwd=tmp_path, env=ONE_THREAD_ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = run / "train.log"
+    _wait_for(lambda: log.is_file() and "| update 10 |" in log.read_text(), 120, proc)
+    proc.kill()
+    proc.communicate(timeout=60)
+    state = ckpt.load_checkpoint(run / "checkpoints/checkpoint_last.pt")["train_state"]
+    done = state["num_updates"]
+    assert done >= 8 and done % 4 == 0
+    assert state["epoch"] == 1 and state["batches_done"] == done  # mid-epoch (~190 batches)
+    resumed = train(compose_config(common + [f"trainer.max_updates={done + 6}"]), run)
+    straight = train(compose_config(common + [f"trainer.max_updates={done + 6}"]),
+                     tmp_path / "straight")
+    assert len(resumed.losses) == 6
+    assert resumed.losses == straight.losses[done:]
+
+
 def test_smoke_experiment_with_data_files(tmp_path, multi30k_lines, small):
     """experiment=smoke composes with data=files (the data issue's requirement)."""
     paths = {}
@@ -345,7 +406,7 @@ def test_accumulated_batches_equal_one_big_batch(tmp_path, small):
         idx = trainer.data.train_batches(1)[:2]
         corpus = trainer.data.train
         trainer.train_step([corpus.collate(idx[0]), corpus.collate(idx[1])])
-        trainer.train_step([corpus.collate(idx[0] + idx[1])])
+        trainer.train_step([corpus.collate(np.concatenate(idx))])
     finally:
         trainer.close()
     assert trainer.losses[0] == pytest.approx(trainer.losses[1], rel=1e-5)

@@ -1,6 +1,6 @@
 """Batching: which examples go together, for training, evaluation and translation.
 
-A batch is a list of example indices. Its cost is B x (largest size in the batch) positions
+A batch is an array of example indices. Its cost is B x (largest size in the batch) positions
 per side, padding included; `pack` cuts an ordering of examples into consecutive batches of at
 most `max_tokens` positions, so sorting by length first keeps the padding small. Sizes count
 the tokens the model sees: a sentence of n pieces has size n + 1 (EOS appended to the source,
@@ -15,34 +15,38 @@ Translation packs its length-sorted sentences with `pack` too (`search.search_co
 
 from __future__ import annotations
 
-import random
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
-from torch import Tensor
+import numpy as np
 
 __all__ = ["pack", "shard", "train_batches", "eval_batches", "padding_ratio"]
 
+Lengths = Sequence[int]  # a numpy array or a list: pieces per sentence
 
-def pack(order: Iterable[int], sizes: Sequence[int], max_tokens: int) -> list[list[int]]:
+
+def pack(order: Sequence[int], sizes: Sequence[int], max_tokens: int) -> list[np.ndarray]:
     """Greedily cut `order` into consecutive batches with B * max(size) <= max_tokens,
     where `sizes[i]` is what example i costs per row (for a pair: its larger side). A single
-    example larger than max_tokens gets a batch of its own."""
-    batches: list[list[int]] = []
-    batch: list[int] = []
-    longest = 0
-    for i in order:
-        size = sizes[i]
-        if batch and (len(batch) + 1) * max(longest, size) > max_tokens:
-            batches.append(batch)
-            batch, longest = [], 0
-        batch.append(i)
-        longest = max(longest, size)
-    if batch:
-        batches.append(batch)
+    example larger than max_tokens gets a batch of its own. Batches are index arrays (of
+    `order`'s integer type)."""
+    order = np.asarray(order)
+    if not np.issubdtype(order.dtype, np.integer):
+        order = order.astype(np.int64)  # e.g. an empty list
+    ordered = np.asarray(sizes, dtype=np.int64)[order]
+    batches = []
+    start = 0
+    while start < len(order):
+        # at most max_tokens // sizes[start] rows fit: look no further than that
+        window = ordered[start:start + max(1, max_tokens // max(1, ordered[start])) + 1]
+        longest = np.maximum.accumulate(window)
+        fits = np.arange(1, len(window) + 1) * longest <= max_tokens
+        end = start + max(1, int(np.argmin(fits)) if not fits.all() else len(window))
+        batches.append(order[start:end])
+        start = end
     return batches
 
 
-def shard(batches: list[list[int]], rank: int, world_size: int) -> list[list[int]]:
+def shard(batches: list[np.ndarray], rank: int, world_size: int) -> list[np.ndarray]:
     """Rank `rank`'s batches: every `world_size`-th one. When the count is not a multiple of
     `world_size`, the batches with the most sentences are halved until it is, so every rank
     gets the same number of batches and every sentence is still used exactly once."""
@@ -62,8 +66,8 @@ def shard(batches: list[list[int]], rank: int, world_size: int) -> list[list[int
 
 
 def train_batches(
-    src_lens: Tensor,
-    tgt_lens: Tensor,
+    src_lens: Lengths,
+    tgt_lens: Lengths,
     max_tokens: int,
     *,
     seed: int,
@@ -71,70 +75,70 @@ def train_batches(
     rank: int = 0,
     world_size: int = 1,
     pool_batches: int = 100,
-) -> list[list[int]]:
-    """One epoch of training batches for `rank`: lists of corpus indices.
+) -> list[np.ndarray]:
+    """One epoch of training batches for `rank`: arrays of corpus indices.
 
     Sentences are shuffled, cut into pools of about `pool_batches` batches, sorted within
     each pool by the larger of their two sizes (which sets a batch's cost), then target and
     source size (ties broken by the shuffle), and packed greedily; then the batch order is
-    shuffled. `src_lens`/`tgt_lens` count pieces without BOS/EOS; a
-    batch holds at most `max_tokens` positions per side, padding included.
-    Same (seed, epoch) -> same batches on every rank; the ranks' shares are disjoint, cover
-    the epoch and have equal length (see `shard`).
+    shuffled. `src_lens`/`tgt_lens` count pieces without BOS/EOS; a batch holds at most
+    `max_tokens` positions per side, padding included. Same (seed, epoch) -> same batches on
+    every rank; the ranks' shares are disjoint, cover the epoch and have equal length (see
+    `shard`). Vectorized: a corpus of millions of pairs costs seconds and a few arrays.
     """
-    src_size = (src_lens + 1).tolist()
-    tgt_size = (tgt_lens + 1).tolist()
-    sizes = list(map(max, src_size, tgt_size))
-    if sizes and max(sizes) > max_tokens:
+    src_size = np.asarray(src_lens, dtype=np.int32) + 1  # int32: 4 bytes a pair, for millions
+    tgt_size = np.asarray(tgt_lens, dtype=np.int32) + 1
+    sizes = np.maximum(src_size, tgt_size)
+    if len(sizes) and sizes.max() > max_tokens:
         raise ValueError(
-            f"a training pair has {max(sizes)} tokens, more than "
+            f"a training pair has {sizes.max()} tokens, more than "
             f"max_tokens={max_tokens}; filter with data.max_len <= data.max_tokens"
         )
-    rng = random.Random(f"{seed}:{epoch}")
-    order = list(range(len(src_size)))
-    rng.shuffle(order)
-    mean_size = max(1, sum(sizes) // max(1, len(order)))
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(sizes)).astype(np.int32 if len(sizes) < 1 << 31 else np.int64)
+    mean_size = max(1, int(sizes.sum()) // max(1, len(sizes)))
     pool_size = pool_batches * max(1, max_tokens // mean_size)
-    key = lambda i: (sizes[i], tgt_size[i], src_size[i])  # noqa: E731
     batches = []
     for start in range(0, len(order), pool_size):
-        pool = sorted(order[start : start + pool_size], key=key)
+        pool = order[start : start + pool_size]
+        # lexsort: the last key is the primary one; stable, so ties keep the shuffled order
+        pool = pool[np.lexsort((src_size[pool], tgt_size[pool], sizes[pool]))]
         batches += pack(pool, sizes, max_tokens)
-    rng.shuffle(batches)
+    batches = [batches[i] for i in rng.permutation(len(batches))]
     return shard(batches, rank, world_size)
 
 
 def eval_batches(
-    src_lens: Tensor,
-    tgt_lens: Optional[Tensor],
+    src_lens: Lengths,
+    tgt_lens: Optional[Lengths],
     max_tokens: int,
     *,
     rank: int = 0,
     world_size: int = 1,
-) -> list[list[int]]:
+) -> list[np.ndarray]:
     """Batches in a fixed order for validation/test: sorted by size (the larger side, then
-    source, then target) so padding stays small; every sentence is kept. Restore the file order with
-    `Batch.indices`. Pass `tgt_lens=None` to size batches by the source only (translation)."""
-    src_size = (src_lens + 1).tolist()
-    tgt_size = None if tgt_lens is None else (tgt_lens + 1).tolist()
-    if tgt_size is None:
+    source, then target) so padding stays small; every sentence is kept. Restore the file
+    order with `Batch.indices`. Pass `tgt_lens=None` to size batches by the source only
+    (translation)."""
+    src_size = np.asarray(src_lens, dtype=np.int64) + 1
+    if tgt_lens is None:
         sizes = src_size
-        order = sorted(range(len(src_size)), key=lambda i: src_size[i])
+        order = np.argsort(src_size, kind="stable")
     else:
-        sizes = list(map(max, src_size, tgt_size))
-        key = lambda i: (sizes[i], src_size[i], tgt_size[i])  # noqa: E731
-        order = sorted(range(len(src_size)), key=key)
+        tgt_size = np.asarray(tgt_lens, dtype=np.int64) + 1
+        sizes = np.maximum(src_size, tgt_size)
+        order = np.lexsort((tgt_size, src_size, sizes))
     return shard(pack(order, sizes, max_tokens), rank, world_size)
 
 
-def padding_ratio(src_lens: Tensor, tgt_lens: Tensor, batches: Sequence[Sequence[int]]) -> float:
+def padding_ratio(src_lens: Lengths, tgt_lens: Lengths,
+                  batches: Sequence[Sequence[int]]) -> float:
     """Fraction of batch positions (both sides, EOS/BOS counted as real) that are padding."""
-    src_size = (src_lens + 1).tolist()
-    tgt_size = (tgt_lens + 1).tolist()
+    src_size = np.asarray(src_lens, dtype=np.int64) + 1
+    tgt_size = np.asarray(tgt_lens, dtype=np.int64) + 1
     real = total = 0
     for batch in batches:
-        s = [src_size[i] for i in batch]
-        t = [tgt_size[i] for i in batch]
-        real += sum(s) + sum(t)
-        total += len(batch) * (max(s) + max(t))
+        s, t = src_size[np.asarray(batch)], tgt_size[np.asarray(batch)]
+        real += int(s.sum() + t.sum())
+        total += len(batch) * int(s.max() + t.max())
     return 1.0 - real / total if total else 0.0

@@ -94,13 +94,15 @@ class DataConfig:
     max_tokens: int = 4096
     seed: int = 1
     max_train_pairs: Optional[int] = None  # use only the first N training pairs (smoke runs)
+    spm_max_sentences: int = 1_000_000  # SentencePiece trains on a seeded sample of N pairs
+    cache_dir: Optional[str] = None  # where the encoded stores go; null: <run dir>/cache
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad key."""
-        for key in ("vocab_size", "max_len", "max_tokens"):
+        for key in ("vocab_size", "max_len", "max_tokens", "spm_max_sentences"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"data.{key} must be a positive integer, got {value!r}")
@@ -204,6 +206,10 @@ class TrainerConfig:
     validate_every_updates: int = 0  # also validate every N updates; 0: only after epochs
     validate_after_updates: int = 0  # no validation before this many updates (checkpoints
     #                                  are still saved after every epoch); 0: from the start
+    validate_every_epoch: bool = True  # validate (and save numbered checkpoints) after each
+    #                                    epoch; false for corpora whose epochs take hours
+    save_every_updates: int = 0  # also write checkpoint_last.pt every N updates; 0: only at
+    #                              validations and epoch ends
     patience: int = 0  # stop after N validations without a better BLEU; 0: never
     keep_last: int = 5  # numbered checkpoints kept besides last/best; 0: none written
     resume: bool = False  # require checkpoints/checkpoint_last.pt (used anyway if present)
@@ -230,9 +236,15 @@ class TrainerConfig:
         _check(self.max_time is None or self.max_time > 0,
                f"trainer.max_time must be > 0 seconds or null, got {self.max_time}")
         for key in ("validate_every_updates", "validate_after_updates", "patience", "keep_last",
-                    "num_samples"):
+                    "num_samples", "save_every_updates"):
             value = getattr(self, key)
             _check(_is_int(value) and value >= 0, f"trainer.{key} must be >= 0, got {value!r}")
+        _check(isinstance(self.validate_every_epoch, bool),
+               f"trainer.validate_every_epoch must be true or false, got "
+               f"{self.validate_every_epoch!r}")
+        _check(self.validate_every_epoch or self.validate_every_updates > 0,
+               "trainer.validate_every_epoch=false needs trainer.validate_every_updates > 0 "
+               "(the run would never validate)")
         for key in ("log_every_updates", "max_bad_updates"):
             value = getattr(self, key)
             _check(_is_int(value) and value >= 1, f"trainer.{key} must be >= 1, got {value!r}")

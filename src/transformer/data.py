@@ -1,48 +1,48 @@
-"""Parallel corpora -> validated, SentencePiece-encoded corpora ready for batching.
+"""A run's data: the files of each split -> the tokenizer pair -> one encoded store per split.
 
-Flow (see `load_data`):
+Flow (see `load_data`; `scripts/prepare_data.py` runs it alone):
 
 1. `resolve_files`: the config names a source and a target file per split (`data=files`),
    or Multi30k files in `data.root`, downloaded and checksummed if missing (`data=multi30k`).
-2. `text.read_parallel`: line counts, UTF-8 and line endings are checked; training pairs with
-   an empty side are dropped (never validation/test pairs: translations stay line-aligned).
-3. SentencePiece is trained on the training split once per run directory (`spm.model`).
-4. `ParallelCorpus`: every sentence encoded once, cached on disk under `run_dir/cache/`,
-   keyed by the files' content and the tokenizer. Training pairs longer than `data.max_len`
-   are filtered.
-5. `batching.train_batches` / `eval_batches` give lists of example indices;
+2. `vocabulary`: the tokenizer pair given (a checkpoint's), `data.spm_model`, the run
+   directory's, or SentencePiece trained on a sample of the training split.
+3. `split_store`: each split is streamed (`text.iter_parallel`: UTF-8, line endings and line
+   counts checked; empty training pairs dropped), encoded chunk by chunk and written to a
+   memory-mapped store (`store.StoreWriter`), once: the store is found again by the files'
+   paths and the tokenizers, and trusted while the files' size and modification time (or,
+   when those changed, their SHA-256) are the ones it was built from.
+4. `store.ParallelCorpus.open` maps each store; training pairs longer than `data.max_len`
+   are filtered out of the view; valid/test keep their raw lines (BLEU references).
+5. `batching.train_batches` / `eval_batches` give arrays of pair indices;
    `ParallelCorpus.collate` turns one into a padded `Batch`.
-
-Token layout: the model sees the source with EOS appended (`x + [EOS]`) and the target
-shifted (`tgt_in = [BOS] + y`, `tgt_out = y + [EOS]`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Union
 
-import torch
-from torch import Tensor
+import numpy as np
 
 from . import multi30k
 from .batching import eval_batches, train_batches
 from .config import SPLITS, DataConfig
-from .files import atomic_write
-from .text import DataError, ParallelText, read_parallel
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerPair
+from .store import STORE_VERSION, ParallelCorpus, StoreWriter, read_meta
+from .text import DataError, iter_parallel, read_parallel
+from .tokenizer import Tokenizer, TokenizerPair
+from .vocabulary import existing_tokenizers, train_tokenizers
+
+__all__ = ["SplitFiles", "split_files", "resolve_files", "store_path", "split_store",
+           "Data", "load_data"]
 
 log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-CACHE_VERSION = 1  # bump when the cache file layout changes
 
 
 # ---- files and download -----------------------------------------------------------------
@@ -85,288 +85,85 @@ def resolve_files(cfg: DataConfig) -> dict[str, SplitFiles]:
     return out
 
 
-# ---- encoded corpus and batches ---------------------------------------------------------
+# ---- one store per split ------------------------------------------------------------------
 
 
-@dataclass
-class Batch:
-    """Padded tensors for one step; see the module docstring for BOS/EOS placement."""
-
-    src: Tensor  # (B, S) long: x + [EOS], PAD_ID after
-    src_valid_lens: Tensor  # (B,) long: len(x) + 1
-    tgt_in: Tensor  # (B, T) long: [BOS] + y, PAD_ID after
-    tgt_out: Tensor  # (B, T) long: y + [EOS], PAD_ID after
-    tgt_valid_lens: Tensor  # (B,) long: len(y) + 1
-    num_tgt_tokens: int  # non-pad positions of tgt_out
-    indices: list[int]  # each row's 0-based line number in the split's files
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def to(self, device: Union[str, torch.device], non_blocking: bool = False) -> "Batch":
-        """A copy with the tensors on `device` (`indices` stay a Python list)."""
-        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return Batch(
-            move(self.src), move(self.src_valid_lens), move(self.tgt_in), move(self.tgt_out),
-            move(self.tgt_valid_lens), self.num_tgt_tokens, self.indices,
-        )
-
-    def pin_memory(self) -> "Batch":
-        """A copy in pinned memory (for fast `to(cuda, non_blocking=True)`)."""
-        pin = lambda t: t.pin_memory()  # noqa: E731
-        return Batch(
-            pin(self.src), pin(self.src_valid_lens), pin(self.tgt_in), pin(self.tgt_out),
-            pin(self.tgt_valid_lens), self.num_tgt_tokens, self.indices,
-        )
-
-
-def _padded_rows(
-    flat: Tensor, offsets: Tensor, idx: Tensor, *, bos: bool = False, eos: bool = False
-) -> Tensor:
-    """Sentences `idx` of a flat id tensor as a (B, width) long tensor: optional BOS in
-    front, optional EOS after the last piece, PAD_ID after that."""
-    starts = offsets[idx]
-    lens = offsets[idx + 1] - starts
-    shift = int(bos)
-    width = int(lens.max()) + shift + int(eos)
-    pos = torch.arange(width) - shift  # position inside the sentence
-    inside = (pos >= 0) & (pos < lens[:, None])
-    out = torch.full((len(idx), width), PAD_ID, dtype=torch.long)
-    if flat.numel():
-        gather = (starts[:, None] + pos).clamp_(0, flat.numel() - 1)
-        # index_select, not flat[gather]: advanced indexing is much slower on CPU
-        tokens = flat.index_select(0, gather.flatten()).view_as(gather)
-        out = torch.where(inside, tokens.long(), out)
-    if bos:
-        out[:, 0] = BOS_ID
-    if eos:
-        out[torch.arange(len(idx)), lens + shift] = EOS_ID
-    return out
-
-
-def _flatten(ids: list[list[int]]) -> tuple[Tensor, Tensor]:
-    """Token lists -> (flat int32 ids, int64 offsets of length len(ids) + 1)."""
-    flat = torch.tensor(list(itertools.chain.from_iterable(ids)), dtype=torch.int32)
-    offsets = torch.zeros(len(ids) + 1, dtype=torch.long)
-    offsets[1:] = torch.tensor([len(x) for x in ids], dtype=torch.long).cumsum(0)
-    return flat, offsets
-
-
-@dataclass
-class ParallelCorpus:
-    """An encoded split: sentence i's source pieces are
-    `src_ids[src_offsets[i]:src_offsets[i + 1]]` (no BOS/EOS stored), likewise the target.
-
-    One flat tensor per side instead of a tensor per sentence: loading the cache is a single
-    read, and `collate` gathers a whole batch with one indexing operation.
-    """
-
-    src_ids: Tensor  # (total source pieces,) int32
-    src_offsets: Tensor  # (N + 1,) int64
-    tgt_ids: Tensor
-    tgt_offsets: Tensor
-    lines: Tensor  # (N,) int64: 0-based line numbers in the split's files
-    src_text: Optional[list[str]] = None  # raw lines (kept for valid/test: BLEU references)
-    tgt_text: Optional[list[str]] = None
-
-    @classmethod
-    def encode(cls, text: ParallelText, tokenizers: TokenizerPair, keep_text: bool = False):
-        """Encode every sentence of `text` (multithreaded SentencePiece)."""
-        src_flat, src_offsets = _flatten(tokenizers.src.encode_batch(text.src))
-        tgt_flat, tgt_offsets = _flatten(tokenizers.tgt.encode_batch(text.tgt))
-        lines = torch.tensor(text.lines, dtype=torch.long)
-        corpus = cls(src_flat, src_offsets, tgt_flat, tgt_offsets, lines)
-        if keep_text:
-            corpus.src_text, corpus.tgt_text = text.src, text.tgt
-        return corpus
-
-    def __len__(self) -> int:
-        return len(self.lines)
-
-    @property
-    def src_lens(self) -> Tensor:
-        """(N,) number of source pieces per sentence (EOS not included)."""
-        return self.src_offsets.diff()
-
-    @property
-    def tgt_lens(self) -> Tensor:
-        """(N,) number of target pieces per sentence (BOS/EOS not included)."""
-        return self.tgt_offsets.diff()
-
-    def pair(self, i: int) -> tuple[list[int], list[int]]:
-        """Source and target pieces of sentence i, as lists."""
-        s, t = self.src_offsets, self.tgt_offsets
-        return (
-            self.src_ids[s[i] : s[i + 1]].tolist(),
-            self.tgt_ids[t[i] : t[i + 1]].tolist(),
-        )
-
-    def select(self, keep: Tensor) -> "ParallelCorpus":
-        """The sentences where the boolean mask `keep` (N,) is true, in order."""
-        src_tokens = keep.repeat_interleave(self.src_lens)
-        tgt_tokens = keep.repeat_interleave(self.tgt_lens)
-        src_offsets = torch.zeros(int(keep.sum()) + 1, dtype=torch.long)
-        src_offsets[1:] = self.src_lens[keep].cumsum(0)
-        tgt_offsets = torch.zeros_like(src_offsets)
-        tgt_offsets[1:] = self.tgt_lens[keep].cumsum(0)
-        kept = keep.nonzero().flatten().tolist()
-        return ParallelCorpus(
-            self.src_ids[src_tokens], src_offsets, self.tgt_ids[tgt_tokens], tgt_offsets,
-            self.lines[keep],
-            None if self.src_text is None else [self.src_text[i] for i in kept],
-            None if self.tgt_text is None else [self.tgt_text[i] for i in kept],
-        )
-
-    def filter_long(self, max_len: int, split: str = "train") -> "ParallelCorpus":
-        """Drop pairs whose source + EOS or BOS + target exceeds `max_len` (count logged)."""
-        keep = (self.src_lens + 1 <= max_len) & (self.tgt_lens + 1 <= max_len)
-        dropped = len(self) - int(keep.sum())
-        log.info(
-            "%s: filtered %d pairs longer than data.max_len=%d tokens (including EOS/BOS)",
-            split, dropped, max_len,
-        )
-        return self if dropped == 0 else self.select(keep)
-
-    def collate(self, indices: Sequence[int]) -> Batch:
-        """The padded `Batch` of sentences `indices` (positions in this corpus)."""
-        if len(indices) == 0:
-            raise ValueError("cannot collate an empty batch")
-        idx = torch.as_tensor(indices, dtype=torch.long)
-        tgt_valid_lens = self.tgt_lens[idx] + 1
-        return Batch(
-            src=_padded_rows(self.src_ids, self.src_offsets, idx, eos=True),
-            src_valid_lens=self.src_lens[idx] + 1,
-            tgt_in=_padded_rows(self.tgt_ids, self.tgt_offsets, idx, bos=True),
-            tgt_out=_padded_rows(self.tgt_ids, self.tgt_offsets, idx, eos=True),
-            tgt_valid_lens=tgt_valid_lens,
-            num_tgt_tokens=int(tgt_valid_lens.sum()),
-            indices=self.lines[idx].tolist(),
-        )
-
-    def save(self, path: PathLike) -> None:
-        """Write the tensors (not the text) atomically."""
-        state = {
-            "version": CACHE_VERSION,
-            "src_ids": self.src_ids, "src_offsets": self.src_offsets,
-            "tgt_ids": self.tgt_ids, "tgt_offsets": self.tgt_offsets,
-            "lines": self.lines,
-        }
-        with atomic_write(path) as f:
-            torch.save(state, f)
-
-    @classmethod
-    def load(cls, path: PathLike) -> "ParallelCorpus":
-        """Read a file written by `save`."""
-        state = torch.load(path, weights_only=True)
-        if state.get("version") != CACHE_VERSION:
-            raise DataError(
-                f"{path}: cache version {state.get('version')}, expected {CACHE_VERSION}"
-            )
-        return cls(
-            state["src_ids"], state["src_offsets"], state["tgt_ids"], state["tgt_offsets"],
-            state["lines"],
-        )
+def store_path(files: SplitFiles, split: str, tokenizers: TokenizerPair,
+               cache_dir: PathLike) -> Path:
+    """Where a split's store lives: named by the files' paths and both tokenizers (the
+    files' contents are checked against the store's meta.json by `split_store`)."""
+    key = "|".join([f"v{STORE_VERSION}", split, str(files.src.resolve()),
+                    str(files.tgt.resolve()), tokenizers.src.fingerprint,
+                    tokenizers.tgt.fingerprint])
+    return Path(cache_dir) / f"{split}-{hashlib.sha256(key.encode()).hexdigest()[:20]}"
 
 
 def _sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()
 
 
-def cache_path(
-    files: SplitFiles, split: str, tokenizers: TokenizerPair, cache_dir: PathLike
-) -> Path:
-    """Where the encoded split is cached: keyed by both files' bytes and both tokenizers."""
-    key = "|".join([
-        f"v{CACHE_VERSION}", split, _sha256_file(files.src), _sha256_file(files.tgt),
-        tokenizers.src.fingerprint, tokenizers.tgt.fingerprint,
-    ])
-    return Path(cache_dir) / f"{split}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.pt"
+def _source(path: Path, sha256: Optional[str] = None) -> dict[str, Any]:
+    """What a store records of a text file it was built from."""
+    stat = path.stat()
+    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+            "sha256": sha256 or _sha256_file(path)}
 
 
-def load_corpus(
-    files: SplitFiles,
-    split: str,
-    tokenizers: TokenizerPair,
-    cache_dir: Optional[PathLike] = None,
-    *,
-    text: Optional[ParallelText] = None,
-    keep_text: bool = False,
-) -> ParallelCorpus:
-    """Read, check and encode one split, or load its encoding from `cache_dir`.
+def _is_fresh(directory: Path, files: SplitFiles, tokenizers: TokenizerPair) -> bool:
+    """Whether the store at `directory` was built from these files' current contents with
+    these tokenizers. A damaged store, or one from other tokenizers, raises `DataError`."""
+    meta = read_meta(directory)
+    fingerprints = [tokenizers.src.fingerprint, tokenizers.tgt.fingerprint]
+    if meta.get("tokenizers") != fingerprints:
+        raise DataError(f"{directory} was encoded with another tokenizer than this run's; "
+                        "delete it and it will be rebuilt")
+    for side, path in (("src", files.src), ("tgt", files.tgt)):
+        recorded, stat = meta["sources"][side], path.stat()
+        if (recorded["size"], recorded["mtime_ns"]) == (stat.st_size, stat.st_mtime_ns):
+            continue  # unchanged, as make and git decide, without reading the file
+        if recorded["size"] != stat.st_size or recorded["sha256"] != _sha256_file(path):
+            log.info("%s changed since %s was built: rebuilding it", path, directory)
+            return False
+    return True
 
-    On a cache hit the training split is not read at all; with `keep_text` (valid/test) the
-    text is always read, and so checked. `text` passes an already-read split.
-    """
-    path = None if cache_dir is None else cache_path(files, split, tokenizers, cache_dir)
-    if path is not None and path.is_file():
-        corpus = ParallelCorpus.load(path)
-        log.info("%s: %d encoded pairs loaded from cache %s", split, len(corpus), path)
-        if keep_text:
-            if text is None:
-                text = read_parallel(files.src, files.tgt, split=split)
-            corpus.src_text, corpus.tgt_text = text.src, text.tgt
-        return corpus
-    if text is None:
-        text = read_parallel(files.src, files.tgt, split=split)
-    corpus = ParallelCorpus.encode(text, tokenizers, keep_text=keep_text)
-    if path is not None:
-        corpus.save(path)
-    return corpus
+
+def write_split_store(directory: Path, files: SplitFiles, split: str,
+                      tokenizers: TokenizerPair) -> None:
+    """Stream, check and encode one split into a new store at `directory`."""
+    start = time.perf_counter()
+    sources = {"src": _source(files.src), "tgt": _source(files.tgt)}  # before reading
+    vocab = max(tokenizers.src.vocab_size, tokenizers.tgt.vocab_size)
+    with StoreWriter(directory, vocab) as writer:
+        next_report = 1_000_000
+        for chunk in iter_parallel(files.src, files.tgt, split=split):
+            writer.add(tokenizers.src.encode_batch(chunk.src),
+                       tokenizers.tgt.encode_batch(chunk.tgt), chunk.lines)
+            if writer.pairs >= next_report:
+                log.info("%s: %d pairs encoded (%.0f s)", split, writer.pairs,
+                         time.perf_counter() - start)
+                next_report += 1_000_000
+        writer.finish({"split": split, "sources": sources,
+                       "tokenizers": [tokenizers.src.fingerprint, tokenizers.tgt.fingerprint]})
+    log.info("%s: %d pairs encoded in %.1f s -> %s", split, writer.pairs,
+             time.perf_counter() - start, directory)
+
+
+def split_store(files: SplitFiles, split: str, tokenizers: TokenizerPair,
+                cache_dir: PathLike) -> Path:
+    """The directory of the split's store, written first when missing or stale."""
+    directory = store_path(files, split, tokenizers, cache_dir)
+    if directory.is_dir() and _is_fresh(directory, files, tokenizers):
+        log.info("%s: using the encoded store %s", split, directory)
+    else:
+        write_split_store(directory, files, split, tokenizers)
+    return directory
 
 
 # ---- everything together ----------------------------------------------------------------
-
-
-def spm_paths(cfg: DataConfig, run_dir: PathLike) -> list[Path]:
-    """The run's SentencePiece model file(s): [spm.model], or [spm.src.model, spm.tgt.model]
-    for separate vocabularies."""
-    run_dir = Path(run_dir)
-    if cfg.joint_vocab:
-        return [run_dir / "spm.model"]
-    return [run_dir / "spm.src.model", run_dir / "spm.tgt.model"]
-
-
-def existing_tokenizers(cfg: DataConfig, run_dir: PathLike) -> Optional[TokenizerPair]:
-    """`cfg.spm_model` if set, else the run directory's model(s) if present, else None."""
-    if cfg.spm_model is not None:
-        tok = Tokenizer.load(Path(cfg.spm_model).expanduser())
-        log.info("using SentencePiece model %s (vocab %d)", cfg.spm_model, tok.vocab_size)
-        return TokenizerPair(tok, tok)
-    paths = spm_paths(cfg, run_dir)
-    if not all(p.is_file() for p in paths):
-        return None
-    toks = [Tokenizer.load(p) for p in paths]
-    for path, tok in zip(paths, toks):
-        if tok.vocab_size != cfg.vocab_size:
-            raise DataError(
-                f"{path} has vocabulary size {tok.vocab_size} but data.vocab_size="
-                f"{cfg.vocab_size}; delete it or use a new run directory"
-            )
-        log.info("reusing SentencePiece model %s", path)
-    return TokenizerPair(toks[0], toks[-1])
-
-
-def train_tokenizers(cfg: DataConfig, text: ParallelText, run_dir: PathLike) -> TokenizerPair:
-    """Train SentencePiece on the training split and save it into `run_dir`."""
-    start = time.perf_counter()
-    options = dict(vocab_size=cfg.vocab_size, model_type=cfg.spm_model_type)
-    paths = spm_paths(cfg, run_dir)
-    try:
-        if cfg.joint_vocab:
-            tok = Tokenizer.train(itertools.chain(text.src, text.tgt), paths[0], **options)
-            pair = TokenizerPair(tok, tok)
-        else:
-            pair = TokenizerPair(
-                Tokenizer.train(text.src, paths[0], **options),
-                Tokenizer.train(text.tgt, paths[1], **options),
-            )
-    except RuntimeError as e:  # SentencePiece's own checks, e.g. too few distinct pieces
-        reason = str(e).splitlines()[0].split("] ")[-1]
-        raise DataError(f"cannot train SentencePiece with data.vocab_size={cfg.vocab_size} on "
-                        f"the {len(text)} training pairs: {reason}") from None
-    log.info("trained SentencePiece (%s) in %.1f s -> %s", cfg.spm_model_type,
-             time.perf_counter() - start, ", ".join(map(str, paths)))
-    return pair
 
 
 @dataclass
@@ -412,13 +209,6 @@ class Data:
         )
 
 
-def _first_pairs(text: ParallelText, n: Optional[int]) -> ParallelText:
-    """The first `n` pairs of `text` (all of them for None)."""
-    if n is None or n >= len(text):
-        return text
-    return ParallelText(text.src[:n], text.tgt[:n], text.lines[:n])
-
-
 def load_data(
     cfg: DataConfig,
     run_dir: PathLike,
@@ -426,31 +216,36 @@ def load_data(
     tokenizers: Optional[TokenizerPair] = None,
     cache_dir: Optional[PathLike] = None,
 ) -> Data:
-    """Resolve, check, tokenize and encode all splits.
+    """Resolve the files, find or train the tokenizers, prepare and open every split's store.
 
     The tokenizer is, in order: `tokenizers` (e.g. from a checkpoint), `cfg.spm_model`, the
-    model already in `run_dir`, or a new one trained on the training split and saved into
-    `run_dir`. Encoded splits are cached in `cache_dir` (default `run_dir/cache`).
+    model already in `run_dir`, or a new one trained on a sample of the training split and
+    saved into `run_dir`. Stores live in `cache_dir`, else `cfg.cache_dir`, else
+    `run_dir/cache`.
     """
     run_dir = Path(run_dir)
     files = resolve_files(cfg)
-    train_text = None
     if tokenizers is None:
         tokenizers = existing_tokenizers(cfg, run_dir)
     if tokenizers is None:
-        train_text = read_parallel(files["train"].src, files["train"].tgt, split="train")
-        tokenizers = train_tokenizers(cfg, _first_pairs(train_text, cfg.max_train_pairs), run_dir)
-    cache_dir = run_dir / "cache" if cache_dir is None else Path(cache_dir)
-    train = load_corpus(files["train"], "train", tokenizers, cache_dir, text=train_text)
+        tokenizers = train_tokenizers(cfg, files["train"].src, files["train"].tgt, run_dir)
+    if cache_dir is None:
+        cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else run_dir / "cache"
+    corpora = {}
+    for split, split_files_ in files.items():
+        corpus = ParallelCorpus.open(split_store(split_files_, split, tokenizers, cache_dir))
+        if split == "train":
+            log.info("train: %d pairs, %d + %d tokens, %.2f bytes per token on disk",
+                     len(corpus), len(corpus.src_ids), len(corpus.tgt_ids),
+                     corpus.disk_bytes() / max(1, len(corpus.src_ids) + len(corpus.tgt_ids)))
+        else:  # the raw lines: BLEU references
+            text = read_parallel(split_files_.src, split_files_.tgt, split=split)
+            corpus.src_text, corpus.tgt_text = text.src, text.tgt
+        corpora[split] = corpus
+    train = corpora["train"]
     if cfg.max_train_pairs is not None and cfg.max_train_pairs < len(train):
-        # The cache holds the whole split; the subset is taken here.
-        train = train.select(torch.arange(len(train)) < cfg.max_train_pairs)
+        # The store holds the whole split; the subset is a view.
+        train = train.select(np.arange(len(train)) < cfg.max_train_pairs)
         log.info("train: using the first %d pairs (data.max_train_pairs)", len(train))
-    splits = {
-        split: load_corpus(files[split], split, tokenizers, cache_dir, keep_text=True)
-        for split in ("valid", "test")
-        if split in files
-    }
     train = train.filter_long(cfg.max_len)
-    return Data(cfg, tokenizers, train, splits["valid"], splits.get("test"))
-
+    return Data(cfg, tokenizers, train, corpora["valid"], corpora.get("test"))

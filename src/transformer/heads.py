@@ -35,7 +35,7 @@ from torch import Tensor
 
 from .attention_maps import attention_layers, recording_attention
 from .batching import eval_batches
-from .data import Batch, ParallelCorpus
+from .store import Batch, ParallelCorpus
 from .loss import evaluate_loss, teacher_forced_loss
 from .model import Transformer
 from .files import atomic_write

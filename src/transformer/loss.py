@@ -21,7 +21,7 @@ from typing import Iterable
 import torch
 from torch import Tensor, nn
 
-from .data import Batch
+from .store import Batch
 from .model import Transformer, eval_mode
 from .ops import linear_label_smoothed_cross_entropy
 from .tokenizer import PAD_ID

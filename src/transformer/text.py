@@ -1,10 +1,12 @@
 """Reading parallel text and checking it: the one place where raw lines enter the package.
 
-- `read_lines`: a whole UTF-8 file (plain or `.gz`) -> its lines;
-- `iter_lines`: a byte stream (standard input, a large file) -> its lines, lazily;
-- `read_parallel`: a source and a target file -> a `ParallelText` of aligned pairs.
+- `iter_line_blocks`: a UTF-8 file (plain or `.gz`) -> its lines, streamed in blocks;
+  `read_lines`: the same, as one list;
+- `iter_lines`: a byte stream (standard input) -> its lines, one at a time;
+- `iter_parallel`: a source and a target file -> checked, aligned pairs in chunks (a corpus of
+  any size); `read_parallel`: the same, as one `ParallelText`.
 
-Both readers follow one convention: lines end at "\\n" only; a "\\r" before it (Windows) is
+All readers follow one convention: lines end at "\\n" only; a "\\r" before it (Windows) is
 removed and any other "\\r" becomes a space, so a stray "\\r" can never shift line alignment;
 a leading UTF-8 BOM is dropped. Invalid UTF-8 raises `DataError` naming the file and line.
 """
@@ -18,9 +20,10 @@ import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator, Union
+from typing import BinaryIO, Iterator, Optional, Union
 
-__all__ = ["DataError", "read_lines", "iter_lines", "ParallelText", "read_parallel"]
+__all__ = ["DataError", "iter_line_blocks", "read_lines", "iter_lines", "ParallelText",
+           "iter_parallel", "read_parallel"]
 
 log = logging.getLogger(__name__)
 
@@ -42,27 +45,65 @@ def _clean(line: str) -> str:
     return line.removesuffix("\n").removesuffix("\r").replace("\r", " ")
 
 
+BLOCK_BYTES = 1 << 22  # bytes decoded at a time when streaming a file
+
+
+def _open_binary(path: Path) -> BinaryIO:
+    """The file's bytes, decompressed on the fly for `.gz`."""
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _raw_blocks(path: Path) -> Iterator[bytes]:
+    """The file's bytes in blocks of whole lines (each ends with "\\n", except perhaps the
+    last block of a file without a final newline)."""
+    with _open_binary(path) as f:
+        rest = b""
+        while True:
+            try:
+                block = f.read(BLOCK_BYTES)
+            except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt .gz
+                raise DataError(f"{path}: not a valid gzip file ({e})") from None
+            if not block:
+                break
+            cut = block.rfind(b"\n") + 1
+            if cut == 0:
+                rest += block
+                continue
+            yield rest + block[:cut]
+            rest = block[cut:]
+        if rest:
+            yield rest
+
+
+def iter_line_blocks(path: PathLike) -> Iterator[list[str]]:
+    """The lines of a UTF-8 text file (plain or `.gz`), without terminators, in blocks:
+    the file is streamed, never held whole. Invalid UTF-8 raises `DataError` naming the
+    line, however deep in the file it is."""
+    path = Path(path)
+    first_line = 1
+    for raw in _raw_blocks(path):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            start = raw.rfind(b"\n", 0, e.start) + 1
+            end = raw.find(b"\n", e.start)
+            raise _invalid_utf8(str(path), first_line + raw.count(b"\n", 0, e.start),
+                                raw[start:end if end >= 0 else len(raw)],
+                                e.start - start) from None
+        if first_line == 1:
+            text = text.removeprefix("\ufeff")
+        lines = text.split("\n")
+        if lines[-1] == "":
+            lines.pop()  # the final newline ends the last line, it does not start a new one
+        if "\r" in text:
+            lines = [_clean(line) for line in lines]
+        first_line += len(lines)
+        yield lines
+
+
 def read_lines(path: PathLike) -> list[str]:
     """The lines of a UTF-8 text file (plain or `.gz`), without line terminators."""
-    path = Path(path)
-    raw = path.read_bytes()
-    if path.suffix == ".gz":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as e:
-            raise DataError(f"{path}: not a valid gzip file ({e})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        start = raw.rfind(b"\n", 0, e.start) + 1
-        raise _invalid_utf8(str(path), raw.count(b"\n", 0, e.start) + 1, raw[start:],
-                            e.start - start) from None
-    lines = text.removeprefix("\ufeff").split("\n")
-    if lines[-1] == "":
-        lines.pop()  # the final newline ends the last line, it does not start a new one
-    if "\r" in text:
-        lines = [_clean(line) for line in lines]
-    return lines
+    return [line for block in iter_line_blocks(path) for line in block]
 
 
 def iter_lines(stream: BinaryIO, name: str) -> Iterator[str]:
@@ -89,26 +130,70 @@ class ParallelText:
         return len(self.src)
 
 
-def read_parallel(src_path: PathLike, tgt_path: PathLike, *, split: str) -> ParallelText:
-    """Read and check one split. Only for split == "train", pairs with an empty or
-    whitespace-only side are dropped (and counted in the log)."""
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise DataError(
-            f"{split}: {src_path} has {len(src)} lines but {tgt_path} has {len(tgt)} lines; "
-            "source and target files must be line-aligned"
-        )
-    lines = list(range(len(src)))
+def iter_parallel(src_path: PathLike, tgt_path: PathLike, *, split: str,
+                  chunk_pairs: int = 100_000, max_pairs: Optional[int] = None
+                  ) -> Iterator[ParallelText]:
+    """Stream and check one split in chunks of at most `chunk_pairs` aligned pairs: UTF-8
+    and line endings as `iter_line_blocks`, equal line counts (checked when the shorter file
+    ends: the error names both files and their counts). Only for split == "train", pairs with
+    an empty or whitespace-only side are dropped (and counted in the log). `max_pairs` stops
+    after yielding that many pairs (the rest of the files is not read or checked)."""
+    src_blocks, tgt_blocks = iter_line_blocks(src_path), iter_line_blocks(tgt_path)
+    src: list[str] = []
+    tgt: list[str] = []
+    line = kept = 0  # lines read so far; pairs yielded so far
+    while max_pairs is None or kept < max_pairs:
+        while len(src) < chunk_pairs and (block := next(src_blocks, None)) is not None:
+            src += block
+        while len(tgt) < len(src) and (block := next(tgt_blocks, None)) is not None:
+            tgt += block
+        n = min(len(src), len(tgt), chunk_pairs)
+        if n == 0:
+            break
+        chunk = ParallelText(src[:n], tgt[:n], list(range(line, line + n)))
+        del src[:n], tgt[:n]
+        line += n
+        if split == "train":
+            chunk = _non_empty(chunk)
+        if max_pairs is not None and kept + len(chunk) > max_pairs:
+            chunk = _first(chunk, max_pairs - kept)
+        kept += len(chunk)
+        if len(chunk):
+            yield chunk
+    if max_pairs is None or kept < max_pairs:  # the whole files were read
+        src_count = line + len(src) + sum(map(len, src_blocks))
+        tgt_count = line + len(tgt) + sum(map(len, tgt_blocks))
+        if src_count != tgt_count:
+            raise DataError(
+                f"{split}: {src_path} has {src_count} lines but {tgt_path} has {tgt_count} "
+                "lines; source and target files must be line-aligned")
     if split == "train":
-        lines = [i for i in lines if src[i].strip() and tgt[i].strip()]
-        log.info(
-            "%s: %d pairs in %s / %s; dropped %d with an empty or whitespace-only side",
-            split, len(src), src_path, tgt_path, len(src) - len(lines),
-        )
-        if len(lines) < len(src):
-            src, tgt = [src[i] for i in lines], [tgt[i] for i in lines]
-        if not lines:
+        log.info("%s: %d pairs in %s / %s; dropped %d with an empty or whitespace-only side",
+                 split, line, src_path, tgt_path, line - kept)
+        if kept == 0:
             raise DataError(f"{split}: no non-empty pairs in {src_path} / {tgt_path}")
     else:
-        log.info("%s: %d pairs in %s / %s", split, len(src), src_path, tgt_path)
-    return ParallelText(src, tgt, lines)
+        log.info("%s: %d pairs in %s / %s", split, line, src_path, tgt_path)
+
+
+def _first(text: ParallelText, n: int) -> ParallelText:
+    return ParallelText(text.src[:n], text.tgt[:n], text.lines[:n])
+
+
+def _non_empty(text: ParallelText) -> ParallelText:
+    """The pairs of `text` whose two sides both have a non-space character."""
+    keep = [i for i, (s, t) in enumerate(zip(text.src, text.tgt)) if s.strip() and t.strip()]
+    if len(keep) == len(text):
+        return text
+    return ParallelText([text.src[i] for i in keep], [text.tgt[i] for i in keep],
+                        [text.lines[i] for i in keep])
+
+
+def read_parallel(src_path: PathLike, tgt_path: PathLike, *, split: str) -> ParallelText:
+    """Read and check a whole split (see `iter_parallel`; for splits that fit in memory)."""
+    out = ParallelText([], [], [])
+    for chunk in iter_parallel(src_path, tgt_path, split=split):
+        out.src += chunk.src
+        out.tgt += chunk.tgt
+        out.lines += chunk.lines
+    return out

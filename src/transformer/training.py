@@ -43,11 +43,12 @@ from tqdm import tqdm
 from . import checkpoint as ckpt
 from .attention_maps import encoder_decoder_figure
 from .config import TrainConfig, load_config
-from .data import Batch, Data, load_data
+from .data import Data, load_data
 from .files import WriteError, atomic_write
 from .loss import LabelSmoothedLoss, evaluate_loss
 from .model import Transformer, eval_mode
 from .search import DecodingSettings, search_corpus
+from .store import Batch
 from .tokenizer import EOS_ID
 from .train_log import TrainLog, ValidationMetrics, setup_logging
 
@@ -269,11 +270,21 @@ class Trainer:
         return path, ckpt.load_checkpoint(path, map_location="cpu")
 
     def _load_data(self, tokenizers) -> Data:
-        """Rank 0 trains SentencePiece and writes the caches first; the others then load."""
-        if self.env.distributed and not self.env.is_main:
-            dist.barrier()
-        data = load_data(self.cfg.data, self.run_dir, tokenizers=tokenizers)
-        if self.env.distributed and self.env.is_main:
+        """Rank 0 finds or trains the tokenizers and prepares the stores, and sends the
+        tokenizers to every rank; then the first rank of each other node prepares what its
+        node lacks (nothing on a shared filesystem), while the node's other ranks wait; then
+        those open the stores, whose pages their node's OS shares between them."""
+        env = self.env
+        if not env.distributed:
+            return load_data(self.cfg.data, self.run_dir, tokenizers=tokenizers)
+        data = load_data(self.cfg.data, self.run_dir, tokenizers=tokenizers) \
+            if env.is_main else None
+        box = [ckpt.tokenizers_to_state(data.tokenizers) if env.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        tokenizers = ckpt.tokenizers_from_state({"tokenizer": box[0]}, "rank 0's tokenizers")
+        for node_leaders in (True, False):
+            if not env.is_main and (env.local_rank == 0) == node_leaders:
+                data = load_data(self.cfg.data, self.run_dir, tokenizers=tokenizers)
             dist.barrier()
         return data
 
@@ -341,8 +352,10 @@ class Trainer:
 
     def run_epoch(self) -> Optional[str]:
         """Train on the rest of the current epoch, then validate and save (before
-        `trainer.validate_after_updates` updates: save only). Returns the reason to stop, or
-        None to go on with the next epoch."""
+        `trainer.validate_after_updates` updates, or without `trainer.validate_every_epoch`:
+        save only). Within the epoch: validate every `trainer.validate_every_updates`, save
+        checkpoint_last.pt every `trainer.save_every_updates`. Returns the reason to stop,
+        or None to go on with the next epoch."""
         s, t, uf = self.state, self.cfg.trainer, self.cfg.optim.update_freq
         if t.max_epochs is not None and s.epoch > t.max_epochs:
             return "max_epochs"
@@ -361,12 +374,18 @@ class Trainer:
                 s.batches_done += len(group)
                 bar.update()
                 bar.set_postfix(self.log.meter.postfix(), refresh=False)
-                if (t.validate_every_updates and s.num_updates != s.last_validation
-                        and s.num_updates % t.validate_every_updates == 0
-                        and s.num_updates >= t.validate_after_updates):
-                    if self.validate_and_save().early_stop:
-                        return "patience"
+                validate = (t.validate_every_updates and s.num_updates != s.last_validation
+                            and s.num_updates % t.validate_every_updates == 0
+                            and s.num_updates >= t.validate_after_updates)
+                if validate and self.validate_and_save().early_stop:
+                    return "patience"
+                if (not validate and t.save_every_updates
+                        and s.num_updates % t.save_every_updates == 0):
+                    self.save()  # a kill loses at most save_every_updates updates
         s.epoch, s.batches_done = s.epoch + 1, 0
+        if not t.validate_every_epoch:
+            self.save()  # the epoch boundary, for resuming
+            return None
         if s.num_updates < t.validate_after_updates:
             self.save(numbered=True)  # for resuming and averaging; no validation yet
             return None

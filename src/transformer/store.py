@@ -1,0 +1,390 @@
+"""The encoded corpus: every pair's SentencePiece ids, in a memory-mapped store on disk.
+
+A store is a directory, written once by `StoreWriter` and then only read:
+
+    meta.json         format version, id dtype, counts, and what the store was built from
+                      (the source files' fingerprints and the tokenizers')
+    src.bin, tgt.bin  token ids (uint16 when the vocabulary fits, else int32), sentence after
+                      sentence, without BOS/EOS
+    src.idx, tgt.idx  int64 offsets, pairs + 1 of them: sentence i is ids[off[i]:off[i + 1]]
+    lines.idx         int64: each pair's 0-based line number in the text files
+
+The writer streams chunks into a temporary directory beside the store and renames it into
+place only when it is complete, so a store exists whole or not at all. `ParallelCorpus.open`
+checks every file's size against meta.json, then maps the files: a process keeps only the
+per-pair lengths in RAM, and the operating system shares the mapped pages between all the
+processes that read one store (the ranks of a node). Validation and test splits, and text
+encoded on the fly (`ParallelCorpus.encode`), use the same class with arrays in memory.
+
+Token layout of a `Batch`: the source with EOS appended (`x + [EOS]`), the target shifted
+(`tgt_in = [BOS] + y`, `tgt_out = y + [EOS]`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .files import WriteError, atomic_write
+from .text import DataError, ParallelText
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
+
+__all__ = ["STORE_VERSION", "Batch", "ParallelCorpus", "StoreWriter", "id_dtype"]
+
+log = logging.getLogger(__name__)
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+STORE_VERSION = 2  # bump when the layout changes (1 was a single torch.save file)
+SIDES = ("src", "tgt")
+
+
+def id_dtype(vocab_size: int) -> np.dtype:
+    """The smallest integer type of the store's token ids: uint16 up to 65,536 pieces."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.int32)
+
+
+@dataclass
+class Batch:
+    """Padded tensors for one step; see the module docstring for BOS/EOS placement."""
+
+    src: Tensor  # (B, S) long: x + [EOS], PAD_ID after
+    src_valid_lens: Tensor  # (B,) long: len(x) + 1
+    tgt_in: Tensor  # (B, T) long: [BOS] + y, PAD_ID after
+    tgt_out: Tensor  # (B, T) long: y + [EOS], PAD_ID after
+    tgt_valid_lens: Tensor  # (B,) long: len(y) + 1
+    num_tgt_tokens: int  # non-pad positions of tgt_out
+    indices: list[int]  # each row's 0-based line number in the split's files
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def to(self, device: Union[str, torch.device], non_blocking: bool = False) -> "Batch":
+        """A copy with the tensors on `device` (`indices` stay a Python list)."""
+        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return Batch(
+            move(self.src), move(self.src_valid_lens), move(self.tgt_in), move(self.tgt_out),
+            move(self.tgt_valid_lens), self.num_tgt_tokens, self.indices,
+        )
+
+    def pin_memory(self) -> "Batch":
+        """A copy in pinned memory (for fast `to(cuda, non_blocking=True)`)."""
+        pin = lambda t: t.pin_memory()  # noqa: E731
+        return Batch(
+            pin(self.src), pin(self.src_valid_lens), pin(self.tgt_in), pin(self.tgt_out),
+            pin(self.tgt_valid_lens), self.num_tgt_tokens, self.indices,
+        )
+
+
+def _padded_rows(ids: np.ndarray, offsets: np.ndarray, pairs: np.ndarray, *,
+                 bos: bool = False, eos: bool = False) -> Tensor:
+    """Sentences `pairs` of a flat id array as a (B, width) long tensor: optional BOS in
+    front, optional EOS after the last piece, PAD_ID after that."""
+    starts = offsets[pairs]
+    lens = offsets[pairs + 1] - starts
+    shift = int(bos)
+    width = int(lens.max()) + shift + int(eos)
+    pos = np.arange(width) - shift  # position inside the sentence
+    inside = (pos >= 0) & (pos < lens[:, None])  # (B, width)
+    out = np.full(inside.shape, PAD_ID, dtype=np.int64)
+    if len(ids):
+        gather = np.where(inside, starts[:, None] + pos, 0)
+        out[inside] = ids[gather][inside]  # one gather from the (mapped) ids
+    if bos:
+        out[:, 0] = BOS_ID
+    if eos:
+        out[np.arange(len(pairs)), lens + shift] = EOS_ID
+    return torch.from_numpy(out)
+
+
+def _offsets(lengths: np.ndarray, start: int = 0) -> np.ndarray:
+    """Cumulative offsets start, start + l0, start + l0 + l1, ... (len(lengths) + 1)."""
+    out = np.empty(len(lengths) + 1, dtype=np.int64)
+    out[0] = start
+    np.cumsum(lengths, out=out[1:])
+    out[1:] += start
+    return out
+
+
+def _flatten(ids: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Token lists -> (flat ids of `dtype`, int64 lengths)."""
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype,
+                       count=int(lengths.sum()))
+    return flat, lengths
+
+
+@dataclass
+class ParallelCorpus:
+    """An encoded split, or a view of some of its pairs.
+
+    Sentence j of the underlying arrays has source pieces
+    `src_ids[src_offsets[j]:src_offsets[j + 1]]` (no BOS/EOS stored), likewise the target.
+    The corpus's pair i is sentence `pairs[i]` (all sentences, in order, when `pairs` is
+    None): `select` and `filter_long` make views without copying any ids.
+    """
+
+    src_ids: np.ndarray  # (source pieces,) uint16/int32, in memory or memory-mapped
+    src_offsets: np.ndarray  # (sentences + 1,) int64
+    tgt_ids: np.ndarray
+    tgt_offsets: np.ndarray
+    all_lines: np.ndarray  # (sentences,) int64: 0-based line numbers in the split's files
+    pairs: Optional[np.ndarray] = None  # (N,) int64 sentence numbers of this view
+    src_text: Optional[list[str]] = None  # raw lines (kept for valid/test: BLEU references)
+    tgt_text: Optional[list[str]] = None
+    path: Optional[Path] = field(default=None, compare=False)  # the store, when mapped
+
+    @classmethod
+    def encode(cls, text: ParallelText, tokenizers: TokenizerPair,
+               keep_text: bool = False) -> "ParallelCorpus":
+        """Encode every sentence of `text` into arrays in memory (multithreaded
+        SentencePiece)."""
+        dtype = id_dtype(max(tokenizers.src.vocab_size, tokenizers.tgt.vocab_size))
+        src_ids, src_lens = _flatten(tokenizers.src.encode_batch(text.src), dtype)
+        tgt_ids, tgt_lens = _flatten(tokenizers.tgt.encode_batch(text.tgt), dtype)
+        corpus = cls(src_ids, _offsets(src_lens), tgt_ids, _offsets(tgt_lens),
+                     np.asarray(text.lines, dtype=np.int64))
+        if keep_text:
+            corpus.src_text, corpus.tgt_text = text.src, text.tgt
+        return corpus
+
+    @classmethod
+    def open(cls, directory: PathLike) -> "ParallelCorpus":
+        """Map a store written by `StoreWriter`, after checking its files (`read_meta`)."""
+        directory = Path(directory)
+        meta = read_meta(directory)
+        dtype, n = np.dtype(meta["dtype"]), meta["pairs"]
+        arrays = {}
+        for side in SIDES:
+            arrays[f"{side}_ids"] = _map(directory / f"{side}.bin", dtype, meta[f"{side}_tokens"])
+            arrays[f"{side}_offsets"] = _map(directory / f"{side}.idx", np.int64, n + 1)
+            if arrays[f"{side}_offsets"][-1] != meta[f"{side}_tokens"]:
+                raise DataError(f"{directory / f'{side}.idx'} does not match "
+                                f"{side}.bin ({_delete_hint(directory)})")
+        return cls(**arrays, all_lines=_map(directory / "lines.idx", np.int64, n),
+                   path=directory)
+
+    def __len__(self) -> int:
+        return len(self.all_lines) if self.pairs is None else len(self.pairs)
+
+    def _sentences(self) -> np.ndarray:
+        return np.arange(len(self.all_lines)) if self.pairs is None else self.pairs
+
+    @cached_property
+    def src_lens(self) -> np.ndarray:
+        """(N,) int32: source pieces per pair (EOS not included). Held in memory."""
+        return self._lengths(self.src_offsets)
+
+    @cached_property
+    def tgt_lens(self) -> np.ndarray:
+        """(N,) int32: target pieces per pair (BOS/EOS not included). Held in memory."""
+        return self._lengths(self.tgt_offsets)
+
+    def _lengths(self, offsets: np.ndarray) -> np.ndarray:
+        """Sentence lengths from offsets; a mapped file is read in chunks (not mapped), so
+        the process keeps only the lengths, not the offsets' pages."""
+        if isinstance(offsets, np.memmap):
+            lens = np.empty(len(offsets) - 1, dtype=np.int32)
+            step = 1 << 20
+            for start in range(0, len(lens), step):
+                chunk = np.fromfile(offsets.filename, dtype=np.int64, offset=8 * start,
+                                    count=min(step, len(lens) - start) + 1)
+                lens[start:start + len(chunk) - 1] = np.diff(chunk)
+        else:
+            lens = np.diff(offsets).astype(np.int32)
+        return lens if self.pairs is None else lens[self.pairs]
+
+    @property
+    def lines(self) -> np.ndarray:
+        """(N,) 0-based line number of each pair in the split's files."""
+        return np.asarray(self.all_lines if self.pairs is None else self.all_lines[self.pairs])
+
+    def pair(self, i: int) -> tuple[list[int], list[int]]:
+        """Source and target pieces of pair i, as lists."""
+        j = int(self._sentences()[i])
+        s, t = self.src_offsets, self.tgt_offsets
+        return (self.src_ids[s[j]:s[j + 1]].tolist(), self.tgt_ids[t[j]:t[j + 1]].tolist())
+
+    def select(self, keep: np.ndarray) -> "ParallelCorpus":
+        """A view of the pairs where the boolean mask `keep` (N,) is true, in order."""
+        keep = np.asarray(keep, dtype=bool)
+        kept = np.flatnonzero(keep)
+        view = ParallelCorpus(self.src_ids, self.src_offsets, self.tgt_ids, self.tgt_offsets,
+                              self.all_lines, self._sentences()[kept], path=self.path)
+        if self.src_text is not None:
+            view.src_text = [self.src_text[i] for i in kept]
+            view.tgt_text = [self.tgt_text[i] for i in kept]
+        return view
+
+    def filter_long(self, max_len: int, split: str = "train") -> "ParallelCorpus":
+        """Drop pairs whose source + EOS or BOS + target exceeds `max_len` (count logged)."""
+        keep = (self.src_lens + 1 <= max_len) & (self.tgt_lens + 1 <= max_len)
+        dropped = len(self) - int(keep.sum())
+        log.info("%s: filtered %d pairs longer than data.max_len=%d tokens (including "
+                 "EOS/BOS)", split, dropped, max_len)
+        return self if dropped == 0 else self.select(keep)
+
+    def collate(self, indices: Sequence[int]) -> Batch:
+        """The padded `Batch` of pairs `indices` (positions in this corpus)."""
+        if len(indices) == 0:
+            raise ValueError("cannot collate an empty batch")
+        sentences = self._sentences()[np.asarray(indices, dtype=np.int64)]
+        src_valid_lens = torch.from_numpy(
+            self.src_offsets[sentences + 1] - self.src_offsets[sentences] + 1)
+        tgt_valid_lens = torch.from_numpy(
+            self.tgt_offsets[sentences + 1] - self.tgt_offsets[sentences] + 1)
+        return Batch(
+            src=_padded_rows(self.src_ids, self.src_offsets, sentences, eos=True),
+            src_valid_lens=src_valid_lens,
+            tgt_in=_padded_rows(self.tgt_ids, self.tgt_offsets, sentences, bos=True),
+            tgt_out=_padded_rows(self.tgt_ids, self.tgt_offsets, sentences, eos=True),
+            tgt_valid_lens=tgt_valid_lens,
+            num_tgt_tokens=int(tgt_valid_lens.sum()),
+            indices=self.all_lines[sentences].tolist(),
+        )
+
+    def disk_bytes(self) -> int:
+        """Bytes of the store on disk (0 for a corpus held in memory)."""
+        if self.path is None:
+            return 0
+        return sum(p.stat().st_size for p in self.path.iterdir())
+
+
+# ---- the store on disk --------------------------------------------------------------------
+
+
+def _delete_hint(directory: Path) -> str:
+    return f"the store is damaged; delete {directory} and it will be rebuilt"
+
+
+def read_meta(directory: PathLike) -> dict[str, Any]:
+    """The store's meta.json, after checking that every file has the size it records: a
+    truncated or damaged store raises `DataError` naming the file."""
+    directory = Path(directory)
+    try:
+        meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+        version, dtype, n = meta["version"], np.dtype(meta["dtype"]), int(meta["pairs"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{directory / 'meta.json'}: unreadable store description ({e}); "
+                        f"{_delete_hint(directory)}") from None
+    if version != STORE_VERSION:
+        raise DataError(f"{directory}: store version {version}, this package reads "
+                        f"{STORE_VERSION}; delete it and it will be rebuilt")
+    expected = {"lines.idx": 8 * n}
+    for side in SIDES:
+        expected[f"{side}.bin"] = dtype.itemsize * int(meta[f"{side}_tokens"])
+        expected[f"{side}.idx"] = 8 * (n + 1)
+    for name, size in expected.items():
+        path = directory / name
+        actual = path.stat().st_size if path.is_file() else None
+        if actual != size:
+            found = "is missing" if actual is None else f"has {actual:,} bytes"
+            raise DataError(f"{path} {found}, expected {size:,}; {_delete_hint(directory)}")
+    return meta
+
+
+def _map(path: Path, dtype: Any, count: int) -> np.ndarray:
+    """A read-only memory map of `count` values (an empty array for 0: mmap needs bytes)."""
+    if count == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+
+
+class StoreWriter:
+    """Streams encoded chunks into a new store (see the module docstring).
+
+        with StoreWriter(directory, vocab_size) as writer:
+            for chunk in ...:
+                writer.add(src_ids, tgt_ids, line_numbers)
+            writer.finish(meta)      # only now does `directory` appear
+
+    Leaving the block without `finish` (an error, a full disk) removes the temporary
+    directory; a failed write raises `WriteError` naming the file.
+    """
+
+    def __init__(self, directory: PathLike, vocab_size: int) -> None:
+        self.directory = Path(directory)
+        self.tmp = self.directory.parent / f".{self.directory.name}.tmp-{os.getpid()}"
+        self.dtype = id_dtype(vocab_size)
+        self.pairs = 0
+        self.tokens = {side: 0 for side in SIDES}
+        self._files: dict[str, Any] = {}
+
+    def __enter__(self) -> "StoreWriter":
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        try:
+            self.tmp.mkdir(parents=True)
+            for name in ("src.bin", "tgt.bin", "src.idx", "tgt.idx", "lines.idx"):
+                self._files[name] = open(self.tmp / name, "wb")
+        except OSError as e:
+            self._close()
+            raise WriteError(f"could not write {self.directory}: {e.strerror or e}") from e
+        self._write("src.idx", np.zeros(1, dtype=np.int64))
+        self._write("tgt.idx", np.zeros(1, dtype=np.int64))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._close()
+        shutil.rmtree(self.tmp, ignore_errors=True)  # a no-op after `finish`
+
+    def _close(self) -> None:
+        for f in self._files.values():
+            try:
+                f.close()
+            except OSError:
+                pass  # the write error that matters was raised already
+
+    def _write(self, name: str, array: np.ndarray) -> None:
+        try:
+            self._files[name].write(array.tobytes())
+        except OSError as e:
+            raise WriteError(f"could not write {self.directory / name}: "
+                             f"{e.strerror or e}") from e
+
+    def add(self, src: list[list[int]], tgt: list[list[int]], lines: Sequence[int]) -> None:
+        """Append aligned pairs: source and target ids (no BOS/EOS), their line numbers."""
+        for side, ids in zip(SIDES, (src, tgt)):
+            flat, lengths = _flatten(ids, self.dtype)
+            self._write(f"{side}.bin", flat)
+            self._write(f"{side}.idx", _offsets(lengths, self.tokens[side])[1:])
+            self.tokens[side] += len(flat)
+        self._write("lines.idx", np.asarray(lines, dtype=np.int64))
+        self.pairs += len(lines)
+
+    def finish(self, meta: dict[str, Any]) -> None:
+        """Write meta.json (with the counts) and move the complete store into place,
+        replacing an older one."""
+        for name, f in self._files.items():
+            try:
+                f.flush()
+                os.fsync(f.fileno())
+            except OSError as e:
+                raise WriteError(f"could not write {self.directory / name}: "
+                                 f"{e.strerror or e}") from e
+        self._close()
+        meta = {**meta, "version": STORE_VERSION, "dtype": self.dtype.name,
+                "pairs": self.pairs, "src_tokens": self.tokens["src"],
+                "tgt_tokens": self.tokens["tgt"]}
+        with atomic_write(self.tmp / "meta.json", text=True) as f:
+            json.dump(meta, f, indent=1)
+        read_meta(self.tmp)  # the sizes agree before anyone can trust the store
+        old = self.directory.parent / f".{self.directory.name}.old-{os.getpid()}"
+        if self.directory.exists():
+            os.replace(self.directory, old)
+        try:
+            os.replace(self.tmp, self.directory)
+        except OSError:
+            if not self.directory.exists():  # not another process's identical store
+                raise
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,110 @@
+"""A run's tokenizer pair: found (a given model, or the run directory's) or trained.
+
+SentencePiece trains on a seeded sample of at most `data.spm_max_sentences` training pairs
+(reservoir sampling while the text streams by), so its time and memory stop growing with the
+corpus; a corpus smaller than that is used whole, in file order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Iterable, Optional, Union
+
+import numpy as np
+
+from .config import DataConfig
+from .text import DataError, ParallelText, iter_parallel
+from .tokenizer import Tokenizer, TokenizerPair
+
+__all__ = ["spm_paths", "existing_tokenizers", "sample_pairs", "train_tokenizers"]
+
+log = logging.getLogger(__name__)
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def spm_paths(cfg: DataConfig, run_dir: PathLike) -> list[Path]:
+    """The run's SentencePiece model file(s): [spm.model], or [spm.src.model, spm.tgt.model]
+    for separate vocabularies."""
+    run_dir = Path(run_dir)
+    if cfg.joint_vocab:
+        return [run_dir / "spm.model"]
+    return [run_dir / "spm.src.model", run_dir / "spm.tgt.model"]
+
+
+def existing_tokenizers(cfg: DataConfig, run_dir: PathLike) -> Optional[TokenizerPair]:
+    """`cfg.spm_model` if set, else the run directory's model(s) if present, else None."""
+    if cfg.spm_model is not None:
+        tok = Tokenizer.load(Path(cfg.spm_model).expanduser())
+        log.info("using SentencePiece model %s (vocab %d)", cfg.spm_model, tok.vocab_size)
+        return TokenizerPair(tok, tok)
+    paths = spm_paths(cfg, run_dir)
+    if not all(p.is_file() for p in paths):
+        return None
+    toks = [Tokenizer.load(p) for p in paths]
+    for path, tok in zip(paths, toks):
+        if tok.vocab_size != cfg.vocab_size:
+            raise DataError(
+                f"{path} has vocabulary size {tok.vocab_size} but data.vocab_size="
+                f"{cfg.vocab_size}; delete it or use a new run directory"
+            )
+        log.info("reusing SentencePiece model %s", path)
+    return TokenizerPair(toks[0], toks[-1])
+
+
+def sample_pairs(chunks: Iterable[ParallelText], k: int, seed: int) -> tuple[ParallelText, int]:
+    """A uniform sample of at most `k` pairs from a stream of chunks (Algorithm R, seeded),
+    and the number of pairs seen. With k or fewer pairs, all of them in order."""
+    src: list[str] = []
+    tgt: list[str] = []
+    lines: list[int] = []
+    rng = np.random.default_rng(seed)
+    seen = 0
+    for chunk in chunks:
+        take = max(0, min(len(chunk), k - seen))  # the reservoir is not full yet
+        src += chunk.src[:take]
+        tgt += chunk.tgt[:take]
+        lines += chunk.lines[:take]
+        if take < len(chunk):  # pair t (0-based overall) replaces a random slot w.p. k/(t+1)
+            t = np.arange(seen + take, seen + len(chunk))
+            slots = rng.integers(0, t + 1)
+            for i in np.flatnonzero(slots < k):
+                j, c = int(slots[i]), take + int(i)
+                src[j], tgt[j], lines[j] = chunk.src[c], chunk.tgt[c], chunk.lines[c]
+        seen += len(chunk)
+    return ParallelText(src, tgt, lines), seen
+
+
+def train_tokenizers(cfg: DataConfig, src_path: PathLike, tgt_path: PathLike,
+                     run_dir: PathLike) -> TokenizerPair:
+    """Train SentencePiece on a sample of the training split (at most
+    `cfg.spm_max_sentences` pairs, among the first `cfg.max_train_pairs`) and save it into
+    `run_dir`. The text is streamed and checked on the way."""
+    start = time.perf_counter()
+    chunks = iter_parallel(src_path, tgt_path, split="train", max_pairs=cfg.max_train_pairs)
+    text, seen = sample_pairs(chunks, cfg.spm_max_sentences, cfg.seed)
+    log.info("SentencePiece sample: %d of %d training pairs (data.spm_max_sentences=%d), "
+             "read in %.1f s", len(text), seen, cfg.spm_max_sentences,
+             time.perf_counter() - start)
+    options = dict(vocab_size=cfg.vocab_size, model_type=cfg.spm_model_type)
+    paths = spm_paths(cfg, run_dir)
+    try:
+        if cfg.joint_vocab:
+            tok = Tokenizer.train(itertools.chain(text.src, text.tgt), paths[0], **options)
+            pair = TokenizerPair(tok, tok)
+        else:
+            pair = TokenizerPair(
+                Tokenizer.train(text.src, paths[0], **options),
+                Tokenizer.train(text.tgt, paths[1], **options),
+            )
+    except RuntimeError as e:  # SentencePiece's own checks, e.g. too few distinct pieces
+        reason = str(e).splitlines()[0].split("] ")[-1]
+        raise DataError(f"cannot train SentencePiece with data.vocab_size={cfg.vocab_size} on "
+                        f"the {len(text)} training pairs: {reason}") from None
+    log.info("trained SentencePiece (%s) in %.1f s -> %s", cfg.spm_model_type,
+             time.perf_counter() - start, ", ".join(map(str, paths)))
+    return pair
