@@ -94,7 +94,7 @@ class DataConfig:
     max_tokens: int = 4096
     seed: int = 1
     max_train_pairs: Optional[int] = None  # use only the first N training pairs (smoke runs)
-    spm_max_sentences: int = 1_000_000  # SentencePiece trains on a seeded sample of N pairs
+    spm_max_sentences: int = 500_000  # SentencePiece trains on a seeded sample of N pairs
     cache_dir: Optional[str] = None  # where the encoded stores go; null: <run dir>/cache
 
     def __post_init__(self) -> None:

@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Iterable, Optional, Union
+from typing import Iterable, Iterator, Optional, Union
 
 import numpy as np
 
@@ -79,6 +79,14 @@ def sample_pairs(chunks: Iterable[ParallelText], k: int, seed: int) -> tuple[Par
     return ParallelText(src, tgt, lines), seen
 
 
+def _drain(lines: list[str]) -> Iterator[str]:
+    """The lines in order, each dropped from the list as it is handed over: SentencePiece
+    keeps its own copy, so the two copies of the sample never coexist whole."""
+    lines.reverse()
+    while lines:
+        yield lines.pop()
+
+
 def train_tokenizers(cfg: DataConfig, src_path: PathLike, tgt_path: PathLike,
                      run_dir: PathLike) -> TokenizerPair:
     """Train SentencePiece on a sample of the training split (at most
@@ -92,19 +100,21 @@ def train_tokenizers(cfg: DataConfig, src_path: PathLike, tgt_path: PathLike,
              time.perf_counter() - start)
     options = dict(vocab_size=cfg.vocab_size, model_type=cfg.spm_model_type)
     paths = spm_paths(cfg, run_dir)
+    pairs = len(text)
     try:
         if cfg.joint_vocab:
-            tok = Tokenizer.train(itertools.chain(text.src, text.tgt), paths[0], **options)
+            tok = Tokenizer.train(itertools.chain(_drain(text.src), _drain(text.tgt)),
+                                  paths[0], **options)
             pair = TokenizerPair(tok, tok)
         else:
             pair = TokenizerPair(
-                Tokenizer.train(text.src, paths[0], **options),
-                Tokenizer.train(text.tgt, paths[1], **options),
+                Tokenizer.train(_drain(text.src), paths[0], **options),
+                Tokenizer.train(_drain(text.tgt), paths[1], **options),
             )
     except RuntimeError as e:  # SentencePiece's own checks, e.g. too few distinct pieces
         reason = str(e).splitlines()[0].split("] ")[-1]
         raise DataError(f"cannot train SentencePiece with data.vocab_size={cfg.vocab_size} on "
-                        f"the {len(text)} training pairs: {reason}") from None
+                        f"the {pairs} training pairs: {reason}") from None
     log.info("trained SentencePiece (%s) in %.1f s -> %s", cfg.spm_model_type,
              time.perf_counter() - start, ", ".join(map(str, paths)))
     return pair
