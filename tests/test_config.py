@@ -108,6 +108,10 @@ def test_model_schema_is_the_models_own_hyperparameters():
     ("data.vocab_size=-5", "data.vocab_size"),
     ("data.max_train_pairs=0", "data.max_train_pairs"),
     ("data.max_len=2048", "data.max_len (2048) must be <= model.max_positions (1024)"),
+    ("data.spm_max_sentences=0", "data.spm_max_sentences must be a positive integer"),
+    ("trainer.save_every_updates=-1", "trainer.save_every_updates must be >= 0"),
+    ("trainer.validate_every_epoch=false",
+     "trainer.validate_every_epoch=false needs trainer.validate_every_updates > 0"),
 ])
 def test_bad_values_fail_naming_the_key(override, message):
     with pytest.raises(ValueError) as info:
@@ -152,3 +156,26 @@ def test_smoke_experiment_composes_with_data_files():
 def test_command_line_overrides_beat_the_experiment():
     cfg = compose_config(["experiment=smoke", "model=small", "optim.lr=0.0001"])
     assert cfg.model.name == "small" and cfg.optim.lr == 0.0001
+
+
+FILES = ["data=files", "data.train_src=a.en", "data.train_tgt=a.de", "data.valid_src=v.en",
+         "data.valid_tgt=v.de"]
+
+
+def test_data_files_does_not_take_the_multi30k_schedule():
+    """With data=files and no experiment named, the general defaults apply
+    (configs/experiment/files.yaml): a short run needs no cooldown override."""
+    cfg = compose_config(FILES + ["trainer.max_updates=3"])
+    assert cfg.optim.cooldown_updates == 0 and cfg.trainer.max_updates == 3
+    assert cfg.optim.lr == OptimConfig().lr and cfg.optim.warmup_updates == 4000
+    assert compose_config().optim.cooldown_updates == 1000  # data=multi30k keeps its recipe
+
+
+def test_large_experiment_counts_in_updates():
+    cfg = compose_config(["experiment=large"] + FILES)
+    m, o, t, d = cfg.model, cfg.optim, cfg.trainer, cfg.data
+    assert (m.name, m.num_hiddens, m.num_heads, m.num_encoder_layers) == ("base", 512, 8, 6)
+    assert (d.name, d.vocab_size, d.joint_vocab) == ("files", 32000, True)
+    assert o.cooldown_updates == 0 and o.schedule == "inverse_sqrt"
+    assert not t.validate_every_epoch and t.validate_every_updates == 5000
+    assert t.save_every_updates == 1000 and t.bleu_max_sentences == 1000

@@ -290,6 +290,36 @@ def test_smoke_experiment_with_data_files(tmp_path, multi30k_lines, small):
     assert (tmp_path / "run/checkpoints/checkpoint_best.pt").is_file()
 
 
+def test_large_experiment_on_data_files_validates_by_updates_only(tmp_path, multi30k_lines,
+                                                                   spm_model):
+    """experiment=large with data=files (a small model here): validation every N updates and
+    at the end, never at epoch ends; checkpoint_last.pt in between."""
+    paths = {}
+    for split, stem, n in (("train", "train", 60), ("valid", "val", 30)):
+        for side, lang in (("src", "en"), ("tgt", "de")):
+            path = tmp_path / f"{split}.{lang}"
+            path.write_text("\n".join(multi30k_lines(f"{stem}.{lang}.gz")[:n]) + "\n")
+            paths[f"data.{split}_{side}"] = path
+    cfg = compose_config(["experiment=large", "data=files",
+                          *(f"{k}={v}" for k, v in paths.items()),
+                          f"data.spm_model={spm_model}", "data.vocab_size=500",
+                          "data.max_tokens=512", "model.num_hiddens=32",
+                          "model.ffn_num_hiddens=64", "model.num_heads=2",
+                          "model.num_encoder_layers=1", "model.num_decoder_layers=1",
+                          "optim.warmup_updates=10", "trainer.validate_every_updates=4",
+                          "trainer.max_updates=10", "trainer.bleu_max_sentences=8",
+                          "trainer.log_every_updates=1"])
+    result = train(cfg, tmp_path / "run")
+    assert result.state.num_updates == 10 and result.state.epoch > 1  # crossed epoch ends
+    log_text = (tmp_path / "run/train.log").read_text()
+    validated = [int(line.split("| update ")[1].split(" |")[0])
+                 for line in log_text.splitlines() if "| valid loss" in line]
+    assert validated == [4, 8, 10]
+    numbered = sorted(int(p.stem.split("_")[1])
+                      for p in (tmp_path / "run/checkpoints").glob("checkpoint_[0-9]*.pt"))
+    assert numbered == [4, 8, 10]
+
+
 def _nan_after(monkeypatch, bad_attempts: set[int]) -> None:
     """Make the loss NaN on the given (0-based) update attempts."""
     original = Trainer.batch_loss
