@@ -225,7 +225,7 @@ class Batcher:
             jobs = await self._gather()
             try:
                 results = await loop.run_in_executor(self.executor, self._translate, jobs)
-            except Exception as e:  # noqa: BLE001 - one bad batch must not stop the server
+            except Exception as e:  # one bad batch must not stop the server
                 log.exception("translating a batch of %d requests failed", len(jobs))
                 self.stats.failed_batches += 1
                 error = ApiError(500, f"translation failed: {type(e).__name__}: {e}")
