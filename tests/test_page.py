@@ -42,13 +42,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until_up(server: subprocess.Popen, url: str, timeout: float = 120.0) -> None:
+def wait_until_up(server: subprocess.Popen, url: str, log: Path,
+                  timeout: float = 120.0) -> None:
     """Poll /health until it answers; fail with the server's output if it exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
             pytest.fail(f"scripts/serve.py exited with {server.returncode}: "
-                        f"{server.stdout.read()}", pytrace=False)
+                        f"{log.read_text()}", pytrace=False)
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
                 if json.load(response)["status"] == "ok":
@@ -59,18 +60,20 @@ def wait_until_up(server: subprocess.Popen, url: str, timeout: float = 120.0) ->
 
 
 @pytest.fixture(scope="module")
-def server(pruned_checkpoint):
+def server(pruned_checkpoint, tmp_path_factory):
     """scripts/serve.py serving the pruned random model; yields its base URL."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(SCRIPT.parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
-    process = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "--checkpoint", str(pruned_checkpoint), "--port",
-         str(port), "--threads", "1", "--device", "cpu"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with open(log, "w") as output:
+        process = subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--checkpoint", str(pruned_checkpoint), "--port",
+             str(port), "--threads", "1", "--device", "cpu"],
+            stdout=output, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_up(process, url)
+        wait_until_up(process, url, log)
         yield url
     finally:
         process.terminate()
