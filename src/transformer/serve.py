@@ -45,8 +45,8 @@ from .tokenizer import TokenizerPair
 from .translator import Scored, Translator
 
 __all__ = ["MAX_SENTENCES", "MAX_CHARS", "MAX_BEAM", "MAX_BODY_BYTES", "TranslateRequest",
-           "AttentionRequest", "ApiError", "BatchLimits", "Batcher", "attention_report",
-           "server_info", "create_app"]
+           "AttentionRequest", "ApiError", "read_request", "source_tokens", "BatchLimits",
+           "Batcher", "attention_report", "server_info", "create_app"]
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +100,10 @@ class ApiError(Exception):
         self.status, self.message, self.field = status, message, field
 
 
-Model = TypeVar("Model", bound=BaseModel)
+RequestModel = TypeVar("RequestModel", bound=BaseModel)
 
 
-async def read_request(request: Request, model: type[Model]) -> Model:
+async def read_request(request: Request, model: type[RequestModel]) -> RequestModel:
     """The body, at most MAX_BODY_BYTES, strict UTF-8, parsed and validated as `model`."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
@@ -113,12 +113,13 @@ async def read_request(request: Request, model: type[Model]) -> Model:
         body += chunk
         if len(body) > MAX_BODY_BYTES:
             raise ApiError(413, f"the body is over {MAX_BODY_BYTES} bytes", "body")
+    data = bytes(body)
     try:
-        bytes(body).decode("utf-8")
+        data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ApiError(400, f"the body is not valid UTF-8 (byte {e.start})", "body") from None
     try:
-        return model.model_validate_json(bytes(body))  # rejects lone surrogates (\ud800) too
+        return model.model_validate_json(data)  # rejects lone surrogates (\ud800) too
     except ValidationError as e:
         error = e.errors()[0]
         name = _field_name(error["loc"])
@@ -137,7 +138,7 @@ def _field_name(loc: Sequence[Any]) -> str:
 
 def source_tokens(translator: TranslationEngine, lines: Sequence[str]) -> list[int]:
     """Source tokens (pieces + EOS) of each line; a line over the model's position limit is
-    refused naming it (the API does not truncate silently, as translate.py does)."""
+    refused, naming it (translate.py truncates such a line with a warning instead)."""
     limit = getattr(translator, "max_source_tokens", None)  # engines that know their limit
     counts = [len(ids) for ids in translator.tokenizers.src.encode_batch(list(lines))]
     for i, count in enumerate(counts):
