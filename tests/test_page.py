@@ -36,6 +36,12 @@ def chromium() -> str:
                 pytrace=False)
 
 
+def launch(playwright):
+    """Headless Chromium as CI can run it: as root (no sandbox), with a small /dev/shm."""
+    return playwright.chromium.launch(executable_path=chromium(),
+                                      args=["--no-sandbox", "--disable-dev-shm-usage"])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -84,8 +90,7 @@ def test_page_translates_and_draws_one_heatmap_per_head(server, pruned_checkpoin
     translator = Translator.load(pruned_checkpoint, device="cpu")
     expected = translator.translate([SENTENCE])[0]
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium(),
-                                             args=["--no-sandbox"])  # CI runs as root
+        browser = launch(playwright)
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 900})
             errors = []
@@ -131,7 +136,7 @@ def test_page_translates_and_draws_one_heatmap_per_head(server, pruned_checkpoin
 
 def test_page_shows_the_servers_message_for_bad_input(server):
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+        browser = launch(playwright)
         try:
             page = browser.new_page()
             page.goto(server)
