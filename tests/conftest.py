@@ -118,3 +118,42 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+PRUNED_HEADS = {"encoder.blks.0.attention": [0], "decoder.blks.1.attention2": [1, 3]}
+
+
+def _save_random_model(tokenizer_path: Path, path: Path, pruned: dict) -> Path:
+    import torch
+
+    from transformer.checkpoint import save_checkpoint, tokenizers_to_state
+    from transformer.model import ModelConfig, Transformer
+    from transformer.tokenizer import Tokenizer, TokenizerPair
+
+    tokenizer = Tokenizer.load(tokenizer_path)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(
+        src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size,
+        num_hiddens=32, ffn_num_hiddens=64, num_heads=4, num_encoder_layers=2,
+        num_decoder_layers=2, max_positions=64))
+    if pruned:
+        model.prune_heads(pruned)
+    save_checkpoint({"model": model.state_dict(), "model_config": model.config.to_dict(),
+                     "tokenizer": tokenizers_to_state(TokenizerPair(tokenizer, tokenizer))},
+                    path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def random_checkpoint(multi30k_small_tokenizer_path, tmp_path_factory) -> Path:
+    """A random small model (4 heads, 2+2 layers, 63 source pieces at most) with the small
+    Multi30k tokenizer: real pieces, deterministic (if meaningless) translations."""
+    return _save_random_model(multi30k_small_tokenizer_path,
+                              tmp_path_factory.mktemp("random") / "random.pt", {})
+
+
+@pytest.fixture(scope="session")
+def pruned_checkpoint(multi30k_small_tokenizer_path, tmp_path_factory) -> Path:
+    """`random_checkpoint`'s model with the heads of PRUNED_HEADS removed."""
+    return _save_random_model(multi30k_small_tokenizer_path,
+                              tmp_path_factory.mktemp("pruned") / "pruned.pt", PRUNED_HEADS)

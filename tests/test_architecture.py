@@ -30,7 +30,7 @@ LAYERS = [
     {"vocabulary"},
     {"data", "search", "loss", "attention_maps"},
     {"translator"},
-    {"heads", "evaluation"},
+    {"heads", "evaluation", "serve"},
     {"training"},
 ]
 

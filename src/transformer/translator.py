@@ -67,6 +67,8 @@ class Translator:
     checkpoint recorded (its language pair and data), or None.
     """
 
+    engine = "torch"  # what runs the model (another engine's translator names its own)
+
     def __init__(self, model: Transformer, tokenizers: TokenizerPair,
                  device: Union[str, torch.device] = "cpu", *,
                  decoding: DecodingSettings = DecodingSettings(),

@@ -1,0 +1,418 @@
+"""A translation server: a JSON API, a dynamic batcher, and a page showing every head.
+
+    app = create_app(Translator.load("runs/x"))      # scripts/serve.py runs it with uvicorn
+
+Endpoints (errors are `{"error": "...", "field": "..."}` with a 4xx/5xx status):
+
+- `POST /translate` `{"text": [...], "beam_size": 5, "nbest": 1}` -> `{"translations": [...]}`
+  in input order; with `nbest > 1` each translation is a list of `{"text", "score"}`.
+- `POST /attention` `{"text": "..."}` -> the sentence's translation, its SentencePiece pieces
+  and every attention layer's per-head weights, teacher-forced on that translation (the torch
+  engine only; another engine answers 501).
+- `GET /health`, `GET /info` (languages, parameters, model config, engine, decoding defaults,
+  limits); `GET /` the page (`static/`: plain HTML, JS and CSS, nothing fetched from outside).
+
+Requests arriving together are translated together: `Batcher` queues them, and one worker
+takes the first waiting request plus whatever arrives within `max_wait_s`, up to `max_tokens`
+source tokens, translates them in one `translate` call on the model thread, and hands each
+request its own slice of the results. The model runs on one thread (`ThreadPoolExecutor` of
+one worker), so `/translate` batches and `/attention` never use it at the same time.
+
+Input is checked before anything reaches the model: the body's size, strict UTF-8, JSON,
+the field types (pydantic, strict, no unknown fields: a request cannot name a file or a
+checkpoint), and the limits below. The translator is fixed when the app is made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, AsyncIterator, Optional, Protocol, Sequence, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from .attention_maps import KINDS, attention_layers, attention_maps, axis_labels
+from .search import DecodingSettings
+from .tokenizer import TokenizerPair
+from .translator import Scored, Translator
+
+__all__ = ["MAX_SENTENCES", "MAX_CHARS", "MAX_BEAM", "MAX_BODY_BYTES", "TranslateRequest",
+           "AttentionRequest", "ApiError", "read_request", "source_tokens", "BatchLimits",
+           "Batcher", "attention_report", "server_info", "create_app"]
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).parent / "static"
+MAX_SENTENCES = 64  # sentences per /translate request
+MAX_CHARS = 1000  # characters per sentence (the model's position limit is checked too)
+MAX_BEAM = 16
+MAX_BODY_BYTES = 512 * 1024  # room for 64 x 1,000 characters, even as \uXXXX escapes
+
+
+class TranslationEngine(Protocol):
+    """What the server needs of a translator: ours (`Translator`, engine "torch") or another
+    engine's with the same `translate` conventions."""
+
+    engine: str
+    tokenizers: TokenizerPair
+    decoding: DecodingSettings
+
+    def translate(self, lines: Sequence[str], *, beam_size: Optional[int] = None,
+                  nbest: int = 1, return_scores: bool = False) -> list: ...
+
+
+# ---- requests -------------------------------------------------------------------------------
+
+Sentence = Annotated[str, StringConstraints(max_length=MAX_CHARS)]
+BeamSize = Annotated[int, Field(ge=1, le=MAX_BEAM)]
+
+
+class TranslateRequest(BaseModel):
+    """The body of POST /translate."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    text: Annotated[list[Sentence], Field(min_length=1, max_length=MAX_SENTENCES)]
+    beam_size: Optional[BeamSize] = None  # None: the translator's default
+    nbest: BeamSize = 1
+
+
+class AttentionRequest(BaseModel):
+    """The body of POST /attention: one sentence."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    text: Annotated[Sentence, StringConstraints(min_length=1)]
+    beam_size: Optional[BeamSize] = None
+
+
+class ApiError(Exception):
+    """An answer other than 200: HTTP status, one-line message, the field it is about."""
+
+    def __init__(self, status: int, message: str, field: Optional[str] = None):
+        super().__init__(message)
+        self.status, self.message, self.field = status, message, field
+
+
+RequestModel = TypeVar("RequestModel", bound=BaseModel)
+
+
+async def read_request(request: Request, model: type[RequestModel]) -> RequestModel:
+    """The body, at most MAX_BODY_BYTES, strict UTF-8, parsed and validated as `model`."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the body has {declared} bytes; at most {MAX_BODY_BYTES}", "body")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise ApiError(413, f"the body is over {MAX_BODY_BYTES} bytes", "body")
+    data = bytes(body)
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ApiError(400, f"the body is not valid UTF-8 (byte {e.start})", "body") from None
+    try:
+        return model.model_validate_json(data)  # rejects lone surrogates (\ud800) too
+    except ValidationError as e:
+        error = e.errors()[0]
+        name = _field_name(error["loc"])
+        if error["type"] == "json_invalid":
+            raise ApiError(400, f"the body is not valid JSON: {error['msg']}", "body") from None
+        raise ApiError(422, f"{name}: {error['msg']}", name) from None
+
+
+def _field_name(loc: Sequence[Any]) -> str:
+    """pydantic's location ("text", 3) -> "text[3]"; the body itself -> "body"."""
+    name = ""
+    for part in loc:
+        name += f"[{part}]" if isinstance(part, int) else f".{part}" if name else str(part)
+    return name or "body"
+
+
+def source_tokens(translator: TranslationEngine, lines: Sequence[str]) -> list[int]:
+    """Source tokens (pieces + EOS) of each line; a line over the model's position limit is
+    refused, naming it (translate.py truncates such a line with a warning instead)."""
+    limit = getattr(translator, "max_source_tokens", None)  # engines that know their limit
+    counts = [len(ids) for ids in translator.tokenizers.src.encode_batch(list(lines))]
+    for i, count in enumerate(counts):
+        if limit is not None and count > limit:
+            raise ApiError(422, f"text[{i}] has {count} SentencePiece pieces; the model reads "
+                                f"at most {limit}", f"text[{i}]")
+    return [count + 1 for count in counts]
+
+
+# ---- the batcher ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """How the batcher groups requests: it waits at most `max_wait_s` after the first one for
+    others, takes at most `max_tokens` source tokens per batch (a bigger request goes alone),
+    and keeps at most `max_queue` requests waiting (more get 503)."""
+
+    max_wait_s: float = 0.005
+    max_tokens: int = 2048
+    max_queue: int = 1024
+
+
+@dataclass
+class _Job:
+    lines: list[str]
+    beam_size: int
+    nbest: int
+    tokens: int
+    future: asyncio.Future = field(repr=False)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """Jobs share a `translate` call only with the same decoding options."""
+        return self.beam_size, self.nbest
+
+
+@dataclass
+class BatchStats:
+    """What the batcher has done, for /health and the benchmark."""
+
+    batches: int = 0
+    sentences: int = 0
+    failed_batches: int = 0
+
+
+class Batcher:
+    """A queue of translation requests and one worker translating them in batches."""
+
+    def __init__(self, translator: TranslationEngine, executor: ThreadPoolExecutor,
+                 limits: BatchLimits = BatchLimits()):
+        self.translator, self.executor, self.limits = translator, executor, limits
+        self.stats = BatchStats()
+        self._queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=limits.max_queue)
+        self._held: deque[_Job] = deque()  # taken from the queue, left for a later batch
+        self._worker: Optional[asyncio.Task] = None
+
+    def start(self) -> None:
+        self._worker = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop the worker; requests still waiting get an error."""
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+        while not self._queue.empty():
+            self._held.append(self._queue.get_nowait())
+        for job in self._held:
+            _settle(job, error=ApiError(503, "the server is shutting down"))
+
+    async def translate(self, lines: list[str], beam_size: int, nbest: int,
+                        tokens: int) -> list[Scored]:
+        """Queue the lines and wait for their n-best lists, in input order."""
+        job = _Job(lines, beam_size, nbest, tokens, asyncio.get_running_loop().create_future())
+        try:
+            self._queue.put_nowait(job)
+        except asyncio.QueueFull:
+            raise ApiError(503, f"the server is busy ({self.limits.max_queue} requests are "
+                                f"waiting); try again later") from None
+        return await job.future
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            jobs = await self._gather()
+            try:
+                results = await loop.run_in_executor(self.executor, self._translate, jobs)
+            except Exception as e:  # one bad batch must not stop the server
+                log.exception("translating a batch of %d requests failed", len(jobs))
+                self.stats.failed_batches += 1
+                error = ApiError(500, f"translation failed: {type(e).__name__}: {e}")
+                for job in jobs:
+                    _settle(job, error=error)
+                continue
+            for job, result in zip(jobs, results):
+                _settle(job, result=result)
+
+    async def _gather(self) -> list[_Job]:
+        """The next batch: the oldest job, then held-back and newly arriving jobs with the same
+        options while the token budget lasts, waiting at most `max_wait_s` for more."""
+        first = self._held.popleft() if self._held else await self._queue.get()
+        batch, tokens = [first], first.tokens
+        for job in list(self._held):
+            if job.key == first.key and tokens + job.tokens <= self.limits.max_tokens:
+                self._held.remove(job)
+                batch.append(job)
+                tokens += job.tokens
+        deadline = asyncio.get_running_loop().time() + self.limits.max_wait_s
+        while tokens < self.limits.max_tokens:
+            job = await self._next_job(deadline)
+            if job is None:
+                break
+            if job.key != first.key or tokens + job.tokens > self.limits.max_tokens:
+                self._held.append(job)
+                if job.key == first.key:
+                    break  # the budget is spent
+                continue
+            batch.append(job)
+            tokens += job.tokens
+        return batch
+
+    async def _next_job(self, deadline: float) -> Optional[_Job]:
+        """A waiting job at once, else one arriving before `deadline`, else None."""
+        with contextlib.suppress(asyncio.QueueEmpty):
+            return self._queue.get_nowait()
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            return None
+        with contextlib.suppress(asyncio.TimeoutError):
+            return await asyncio.wait_for(self._queue.get(), remaining)
+        return None
+
+    def _translate(self, jobs: list[_Job]) -> list[list[Scored]]:
+        """On the model thread: one `translate` call for all the jobs' lines, split back."""
+        lines = [line for job in jobs for line in job.lines]
+        scored = self.translator.translate(lines, beam_size=jobs[0].beam_size,
+                                           nbest=jobs[0].nbest, return_scores=True)
+        self.stats.batches += 1
+        self.stats.sentences += len(lines)
+        results, start = [], 0
+        for job in jobs:
+            results.append(scored[start:start + len(job.lines)])
+            start += len(job.lines)
+        return results
+
+
+def _settle(job: _Job, *, result: Any = None, error: Optional[Exception] = None) -> None:
+    """Answer a job unless its request is gone (the client disconnected: cancelled)."""
+    if job.future.done():
+        return
+    if error is not None:
+        job.future.set_exception(error)
+    else:
+        job.future.set_result(result)
+
+
+# ---- attention and info ---------------------------------------------------------------------
+
+def attention_report(translator: Translator, text: str,
+                     beam_size: Optional[int] = None) -> dict[str, Any]:
+    """Translate `text`, then every attention layer's weights teacher-forced on that
+    translation (`attention_maps.attention_maps`): per layer its kind, block index, the
+    original indices of its remaining heads (pruned heads are absent) and the weights,
+    (heads, queries, keys) as nested lists. `labels[kind]` names the queries and keys with
+    SentencePiece pieces (`attention_maps.axis_labels`)."""
+    translation = translator.translate([text], beam_size=beam_size)[0]
+    tokenizers = translator.tokenizers
+    src_ids = tokenizers.src.encode(text)[:translator.max_source_tokens]
+    tgt_ids = tokenizers.tgt.encode(translation)
+    maps = attention_maps(translator.model, src_ids, tgt_ids)  # name -> (heads, q, k)
+    labels = axis_labels(tokenizers, src_ids, tgt_ids)
+    return {
+        "text": text, "translation": translation, "num_heads": translator.model.config.num_heads,
+        "kinds": KINDS,
+        "labels": {kind: {"queries": q, "keys": k} for kind, (q, k) in labels.items()},
+        "layers": [{"name": layer.name, "kind": layer.kind, "layer": layer.layer,
+                    "heads": layer.module.head_ids,
+                    "weights": maps[layer.name].double().round(decimals=5).tolist()}
+                   for layer in attention_layers(translator.model)],
+    }
+
+
+def server_info(translator: TranslationEngine) -> dict[str, Any]:
+    """What /info reports: engine, languages, model size and config, decoding defaults and
+    the request limits. Fields an engine cannot tell are null."""
+    data = (getattr(translator, "training_config", None) or {}).get("data") or {}
+    model = getattr(translator, "model", None)
+    return {
+        "engine": translator.engine,
+        "languages": {"source": data.get("src_lang"), "target": data.get("tgt_lang")},
+        "parameters": None if model is None else sum(p.numel() for p in model.parameters()),
+        "model": None if model is None else model.config.to_dict(),
+        "decoding": asdict(translator.decoding),
+        "attention": isinstance(translator, Translator),
+        "limits": {"sentences": MAX_SENTENCES, "characters": MAX_CHARS,
+                   "source_tokens": getattr(translator, "max_source_tokens", None),
+                   "beam_size": MAX_BEAM, "body_bytes": MAX_BODY_BYTES},
+    }
+
+
+# ---- the app --------------------------------------------------------------------------------
+
+def create_app(translator: TranslationEngine, batching: BatchLimits = BatchLimits()) -> FastAPI:
+    """The FastAPI app serving `translator` (fixed for the app's life). The batcher's worker
+    runs between the app's startup and shutdown (`with TestClient(app)` in tests)."""
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+    state: dict[str, Batcher] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state["batcher"] = Batcher(translator, executor, batching)
+        state["batcher"].start()
+        try:
+            yield
+        finally:
+            await state["batcher"].stop()
+            executor.shutdown(wait=True)
+
+    app = FastAPI(title="transformer", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError) -> JSONResponse:
+        return JSONResponse({"error": error.message, "field": error.field}, error.status)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return JSONResponse({"error": f"internal error: {type(error).__name__}",
+                             "field": None}, 500)
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", **asdict(state["batcher"].stats)}
+
+    @app.get("/info")
+    async def info() -> dict[str, Any]:
+        return server_info(translator)
+
+    @app.post("/translate", openapi_extra=_body_schema(TranslateRequest))
+    async def translate(request: Request) -> dict[str, Any]:
+        body = await read_request(request, TranslateRequest)
+        beam_size = body.beam_size or translator.decoding.beam_size
+        if body.nbest > beam_size:
+            raise ApiError(422, f"nbest ({body.nbest}) must be at most the beam size "
+                                f"({beam_size})", "nbest")
+        tokens = sum(source_tokens(translator, body.text))
+        scored = await state["batcher"].translate(body.text, beam_size, body.nbest, tokens)
+        if body.nbest == 1:
+            return {"translations": [hyps[0][0] for hyps in scored]}
+        return {"translations": [[{"text": text, "score": score} for text, score in hyps]
+                                 for hyps in scored]}
+
+    @app.post("/attention", openapi_extra=_body_schema(AttentionRequest))
+    async def attention(request: Request) -> dict[str, Any]:
+        if not isinstance(translator, Translator):
+            raise ApiError(501, f"attention weights need the torch engine; this server runs "
+                                f"{translator.engine}")
+        body = await read_request(request, AttentionRequest)
+        if not body.text.strip():
+            raise ApiError(422, "text: the sentence is blank", "text")
+        source_tokens(translator, [body.text])
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(executor, attention_report, translator, body.text,
+                                          body.beam_size)
+
+    return app
+
+
+def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI's description of a body the endpoint reads itself (`read_request`)."""
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": model.model_json_schema()}}}}
