@@ -32,7 +32,7 @@ def pack(order: Sequence[int], sizes: Sequence[int], max_tokens: int) -> list[np
     order = np.asarray(order)
     if not np.issubdtype(order.dtype, np.integer):
         order = order.astype(np.int64)  # e.g. an empty list
-    ordered = np.asarray(sizes, dtype=np.int64)[order]
+    ordered = np.asarray(sizes)[order].astype(np.int64)  # this ordering's sizes only
     batches = []
     start = 0
     while start < len(order):
@@ -86,23 +86,26 @@ def train_batches(
     every rank; the ranks' shares are disjoint, cover the epoch and have equal length (see
     `shard`). Vectorized: a corpus of millions of pairs costs seconds and a few arrays.
     """
-    src_size = np.asarray(src_lens, dtype=np.int32) + 1  # int32: 4 bytes a pair, for millions
-    tgt_size = np.asarray(tgt_lens, dtype=np.int32) + 1
-    sizes = np.maximum(src_size, tgt_size)
+    src_lens = np.asarray(src_lens)
+    tgt_lens = np.asarray(tgt_lens)
+    sizes = np.maximum(src_lens, tgt_lens).astype(np.int32)  # int32: millions of pairs
+    sizes += 1
     if len(sizes) and sizes.max() > max_tokens:
         raise ValueError(
             f"a training pair has {sizes.max()} tokens, more than "
             f"max_tokens={max_tokens}; filter with data.max_len <= data.max_tokens"
         )
     rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(len(sizes)).astype(np.int32 if len(sizes) < 1 << 31 else np.int64)
+    order = np.arange(len(sizes), dtype=np.int32 if len(sizes) < 1 << 31 else np.int64)
+    rng.shuffle(order)
     mean_size = max(1, int(sizes.sum()) // max(1, len(sizes)))
     pool_size = pool_batches * max(1, max_tokens // mean_size)
     batches = []
     for start in range(0, len(order), pool_size):
         pool = order[start : start + pool_size]
         # lexsort: the last key is the primary one; stable, so ties keep the shuffled order
-        pool = pool[np.lexsort((src_size[pool], tgt_size[pool], sizes[pool]))]
+        # (lengths order as sizes do: size = length + 1)
+        pool = pool[np.lexsort((src_lens[pool], tgt_lens[pool], sizes[pool]))]
         batches += pack(pool, sizes, max_tokens)
     batches = [batches[i] for i in rng.permutation(len(batches))]
     return shard(batches, rank, world_size)

@@ -11,10 +11,12 @@ A store is a directory, written once by `StoreWriter` and then only read:
 
 The writer streams chunks into a temporary directory beside the store and renames it into
 place only when it is complete, so a store exists whole or not at all. `ParallelCorpus.open`
-checks every file's size against meta.json, then maps the files: a process keeps only the
-per-pair lengths in RAM, and the operating system shares the mapped pages between all the
-processes that read one store (the ranks of a node). Validation and test splits, and text
-encoded on the fly (`ParallelCorpus.encode`), use the same class with arrays in memory.
+checks every file's size against meta.json, then maps the files; a batch's token ids and line
+numbers are copied out with positional reads (`_read_rows`), so a process holds only the
+offsets it touched and the batch itself, whatever the corpus's size, while the operating
+system's page cache holds the store once for all the processes that read it (the ranks of a
+node). Validation and test splits, and text encoded on the fly (`ParallelCorpus.encode`),
+use the same class with arrays in memory.
 
 Token layout of a `Batch`: the source with EOS appended (`x + [EOS]`), the target shifted
 (`tgt_in = [BOS] + y`, `tgt_out = y + [EOS]`).
@@ -28,7 +30,6 @@ import logging
 import os
 import shutil
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
@@ -87,24 +88,33 @@ class Batch:
         )
 
 
-def _padded_rows(ids: np.ndarray, offsets: np.ndarray, pairs: np.ndarray, *,
-                 bos: bool = False, eos: bool = False) -> Tensor:
-    """Sentences `pairs` of a flat id array as a (B, width) long tensor: optional BOS in
+def _read_rows(path: Path, starts: np.ndarray, lens: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Rows of a store file, concatenated: row i is `lens[i]` values from value `starts[i]`.
+    Read with pread, not through the mapping: on kernels that map whole large folios per
+    page fault, gathering random rows from a mapping made a process's RSS reach the store's
+    size within a few dozen batches; reads leave the data in the shared page cache only."""
+    out = np.empty(int(lens.sum()), dtype=dtype)
+    size, pos = dtype.itemsize, 0
+    with open(path, "rb", buffering=0) as f:
+        for start, n in zip(starts.tolist(), lens.tolist()):
+            out[pos:pos + n] = np.frombuffer(os.pread(f.fileno(), n * size, start * size), dtype)
+            pos += n
+    return out
+
+
+def _padded(flat: np.ndarray, lens: np.ndarray, *, bos: bool = False,
+            eos: bool = False) -> Tensor:
+    """Concatenated rows (`lens[i]` ids each) as a (B, width) long tensor: optional BOS in
     front, optional EOS after the last piece, PAD_ID after that."""
-    starts = offsets[pairs]
-    lens = offsets[pairs + 1] - starts
     shift = int(bos)
-    width = int(lens.max()) + shift + int(eos)
-    pos = np.arange(width) - shift  # position inside the sentence
-    inside = (pos >= 0) & (pos < lens[:, None])  # (B, width)
-    out = np.full(inside.shape, PAD_ID, dtype=np.int64)
-    if len(ids):
-        gather = np.where(inside, starts[:, None] + pos, 0)
-        out[inside] = ids[gather][inside]  # one gather from the (mapped) ids
+    out = np.full((len(lens), int(lens.max()) + shift + int(eos)), PAD_ID, dtype=np.int64)
+    rows = np.repeat(np.arange(len(lens)), lens)
+    cols = np.arange(len(flat)) - np.repeat(np.cumsum(lens) - lens, lens) + shift
+    out[rows, cols] = flat
     if bos:
         out[:, 0] = BOS_ID
     if eos:
-        out[np.arange(len(pairs)), lens + shift] = EOS_ID
+        out[np.arange(len(lens)), lens + shift] = EOS_ID
     return torch.from_numpy(out)
 
 
@@ -181,29 +191,36 @@ class ParallelCorpus:
     def _sentences(self) -> np.ndarray:
         return np.arange(len(self.all_lines)) if self.pairs is None else self.pairs
 
-    @cached_property
+    @property
     def src_lens(self) -> np.ndarray:
-        """(N,) int32: source pieces per pair (EOS not included). Held in memory."""
+        """(N,) int32: source pieces per pair (EOS not included), computed from the offsets
+        (batching needs them once an epoch; nothing per pair is kept besides the store)."""
         return self._lengths(self.src_offsets)
 
-    @cached_property
+    @property
     def tgt_lens(self) -> np.ndarray:
-        """(N,) int32: target pieces per pair (BOS/EOS not included). Held in memory."""
+        """(N,) int32: target pieces per pair (BOS/EOS not included)."""
         return self._lengths(self.tgt_offsets)
 
     def _lengths(self, offsets: np.ndarray) -> np.ndarray:
-        """Sentence lengths from offsets; a mapped file is read in chunks (not mapped), so
-        the process keeps only the lengths, not the offsets' pages."""
-        if isinstance(offsets, np.memmap):
-            lens = np.empty(len(offsets) - 1, dtype=np.int32)
-            step = 1 << 20
-            for start in range(0, len(lens), step):
-                chunk = np.fromfile(offsets.filename, dtype=np.int64, offset=8 * start,
-                                    count=min(step, len(lens) - start) + 1)
-                lens[start:start + len(chunk) - 1] = np.diff(chunk)
-        else:
-            lens = np.diff(offsets).astype(np.int32)
+        lens = np.empty(len(offsets) - 1, dtype=np.int32)
+        step = 1 << 20  # in chunks: no int64 copy of millions of offsets
+        for start in range(0, len(lens), step):
+            end = min(len(lens), start + step)
+            np.subtract(offsets[start + 1:end + 1], offsets[start:end], out=lens[start:end],
+                        casting="unsafe")
         return lens if self.pairs is None else lens[self.pairs]
+
+    def _rows(self, side: str, sentences: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of `sentences` on one side ("src"/"tgt"), concatenated, and their
+        lengths (int64)."""
+        offsets, ids = getattr(self, f"{side}_offsets"), getattr(self, f"{side}_ids")
+        starts = np.asarray(offsets[sentences])
+        lens = np.asarray(offsets[sentences + 1]) - starts
+        if self.path is not None and len(ids):
+            return _read_rows(self.path / f"{side}.bin", starts, lens, ids.dtype), lens
+        within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        return ids[np.repeat(starts, lens) + within], lens
 
     @property
     def lines(self) -> np.ndarray:
@@ -240,18 +257,19 @@ class ParallelCorpus:
         if len(indices) == 0:
             raise ValueError("cannot collate an empty batch")
         sentences = self._sentences()[np.asarray(indices, dtype=np.int64)]
-        src_valid_lens = torch.from_numpy(
-            self.src_offsets[sentences + 1] - self.src_offsets[sentences] + 1)
-        tgt_valid_lens = torch.from_numpy(
-            self.tgt_offsets[sentences + 1] - self.tgt_offsets[sentences] + 1)
+        src, src_lens = self._rows("src", sentences)
+        tgt, tgt_lens = self._rows("tgt", sentences)
+        lines = (self.all_lines[sentences] if self.path is None else
+                 _read_rows(self.path / "lines.idx", sentences, np.ones_like(sentences),
+                            np.dtype(np.int64)))
         return Batch(
-            src=_padded_rows(self.src_ids, self.src_offsets, sentences, eos=True),
-            src_valid_lens=src_valid_lens,
-            tgt_in=_padded_rows(self.tgt_ids, self.tgt_offsets, sentences, bos=True),
-            tgt_out=_padded_rows(self.tgt_ids, self.tgt_offsets, sentences, eos=True),
-            tgt_valid_lens=tgt_valid_lens,
-            num_tgt_tokens=int(tgt_valid_lens.sum()),
-            indices=self.all_lines[sentences].tolist(),
+            src=_padded(src, src_lens, eos=True),
+            src_valid_lens=torch.from_numpy(src_lens + 1),
+            tgt_in=_padded(tgt, tgt_lens, bos=True),
+            tgt_out=_padded(tgt, tgt_lens, eos=True),
+            tgt_valid_lens=torch.from_numpy(tgt_lens + 1),
+            num_tgt_tokens=int(tgt_lens.sum()) + len(tgt_lens),
+            indices=lines.tolist(),
         )
 
     def disk_bytes(self) -> int:
