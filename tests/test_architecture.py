@@ -30,8 +30,8 @@ LAYERS = [
     {"data"},
     {"search", "loss", "attention_maps"},
     {"translator"},
-    {"heads", "evaluation"},
-    {"training"},
+    {"heads", "evaluation", "export"},
+    {"training", "engines"},
 ]
 
 

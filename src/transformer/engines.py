@@ -19,8 +19,10 @@ How the CTranslate2 engine matches `search.beam_search`:
   also the score returned. What still differs is when a sentence stops: CTranslate2 when
   `beam_size` hypotheses have finished, ours when no live one can beat the n-best.
 - Length limit: CTranslate2 takes one `max_decoding_length` per batch, so it gets the
-  batch's largest `a * source_len + b` and each output is cut to its own sentence's limit
-  (exactly our greedy search; our beam search instead forces EOS at the limit).
+  batch's largest `a * source_len + b`; each output is cut to its own sentence's limit and
+  then scored with the EOS our search forces there (`Translator.score_batch`). Greedy
+  search gives exactly our output; in beam search a hypothesis that runs past its limit may
+  have beaten one that our search would have kept alive instead (rare).
 - PAD and BOS are never generated (suppressed), UNK may be, as ours.
 """
 
@@ -89,21 +91,40 @@ class CTranslate2Translator(BaseTranslator):
         limits = max_output_lengths(torch.tensor([len(ids) for ids in batch]),
                                     settings.max_len_a, settings.max_len_b,
                                     self.model_config.max_positions).tolist()
+        sources = [[self._src_pieces[i] for i in ids] for ids in batch]
         results = self.model.translate_batch(
-            [[self._src_pieces[i] for i in ids] for ids in batch],
-            beam_size=settings.beam_size, num_hypotheses=settings.beam_size,
+            sources, beam_size=settings.beam_size, num_hypotheses=settings.beam_size,
             length_penalty=0.0, return_scores=True, max_input_length=0,
             max_decoding_length=max(limits) + 1, suppress_sequences=NEVER_GENERATED)
-        return [self._ranked(result, limit, settings.alpha, nbest)
-                for result, limit in zip(results, limits)]
+        candidates = [[(pieces[:limit], log_prob)
+                       for pieces, log_prob in zip(result.hypotheses, result.scores)]
+                      for result, limit in zip(results, limits)]
+        self._rescore_cut(sources, candidates, limits)
+        return [self._ranked(hyps, settings.alpha, nbest) for hyps in candidates]
 
-    def _ranked(self, result, limit: int, alpha: float, nbest: int) -> list[Hypothesis]:
-        """CTranslate2's finished hypotheses, cut to `limit` tokens, best GNMT score first."""
+    def _rescore_cut(self, sources: list[list[str]],
+                     candidates: list[list[tuple[list[str], float]]], limits: list[int]) -> None:
+        """Hypotheses cut to their sentence's length limit get the log-prob of the cut
+        output plus EOS, as our search scores the EOS it forces at the limit (rare: the
+        model has to run on past the limit)."""
+        cut = [(i, j) for i, hyps in enumerate(candidates) for j, (pieces, _) in enumerate(hyps)
+               if len(pieces) == limits[i]]
+        if not cut:
+            return
+        scored = self.model.score_batch([sources[i] for i, _ in cut],
+                                        [candidates[i][j][0] for i, j in cut],
+                                        max_input_length=0)
+        for (i, j), result in zip(cut, scored):  # log_probs: one per token, EOS included
+            candidates[i][j] = (candidates[i][j][0], float(sum(result.log_probs)))
+
+    def _ranked(self, candidates: list[tuple[list[str], float]], alpha: float,
+                nbest: int) -> list[Hypothesis]:
+        """Finished hypotheses (pieces, log-prob), best GNMT score first."""
         hyps = []
-        for pieces, log_prob in zip(result.hypotheses, result.scores):
-            tokens = [self._tgt_ids[p] for p in pieces[:limit]]
-            score = log_prob / length_penalty(len(tokens) + 1, alpha)
-            hyps.append(Hypothesis(tokens, score, log_prob))
+        for pieces, log_prob in candidates:
+            tokens = [self._tgt_ids[p] for p in pieces]
+            hyps.append(Hypothesis(tokens, log_prob / length_penalty(len(tokens) + 1, alpha),
+                                   log_prob))
         hyps.sort(key=lambda h: -h.score)
         return hyps[:nbest]
 

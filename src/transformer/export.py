@@ -95,7 +95,9 @@ class ExportInfo:
 # ---- the spec --------------------------------------------------------------------------------
 
 def _array(t: Tensor) -> Any:
-    return t.detach().float().contiguous().numpy()
+    """A float32 numpy copy: CTranslate2's `optimize` (quantization) works in place, and
+    must not change the model's own parameters."""
+    return t.detach().to(torch.float32, copy=True).contiguous().numpy()
 
 
 def _set_linear(spec: Any, weight: Tensor, bias: Optional[Tensor]) -> None:
@@ -226,6 +228,7 @@ def export_ctranslate2(translator: Translator, output: PathLike, *,
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         build = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp"))
+        build.chmod(0o755)  # mkdtemp's is 0o700
     except OSError as e:
         raise WriteError(f"could not write {output}: {e.strerror or e}") from e
     try:
