@@ -220,6 +220,20 @@ def test_pruned_checkpoint_exports_as_zero_heads(torch_translator, tokenizer, te
     assert ours != torch_translator.translate(src, beam_size=1)  # pruning changed the model
 
 
+def test_averaged_checkpoints_export(checkpoint, torch_translator, tokenizer, test_text,
+                                     tmp_path):
+    torch.manual_seed(2)
+    other = save(Transformer(torch_translator.model.config), tokenizer, tmp_path / "other.pt")
+    assert export_script.main(["--checkpoint", str(checkpoint), str(other), "--output",
+                               str(tmp_path / "ct2")]) == 0
+    src = test_text[0][:50]
+    ours = Translator.load([checkpoint, other], device="cpu").translate(src, beam_size=1)
+    theirs = load_translator(tmp_path / "ct2", "ctranslate2", device="cpu").translate(
+        src, beam_size=1)
+    assert same_fraction(ours, theirs) >= 0.98
+    assert ours != torch_translator.translate(src, beam_size=1)  # the average is another model
+
+
 def test_pre_norm_model_exports(tokenizer, test_text, tmp_path):
     torch.manual_seed(1)
     model = Transformer(ModelConfig(
