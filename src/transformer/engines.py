@@ -20,7 +20,7 @@ How the CTranslate2 engine matches `search.beam_search`:
   `beam_size` hypotheses have finished, ours when no live one can beat the n-best.
 - Length limit: CTranslate2 takes one `max_decoding_length` per batch, so it gets the
   batch's largest `a * source_len + b`; each output is cut to its own sentence's limit and
-  then scored with the EOS our search forces there (`Translator.score_batch`). Greedy
+  then scored with the EOS our search forces there (CTranslate2's `score_batch`). Greedy
   search gives exactly our output; in beam search a hypothesis that runs past its limit may
   have beaten one that our search would have kept alive instead (rare).
 - PAD and BOS are never generated (suppressed), UNK may be, as ours.
