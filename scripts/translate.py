@@ -1,8 +1,12 @@
 """Translate sentences with a trained model, and score them with sacrebleu.
 
     python scripts/translate.py --checkpoint RUN_DIR_OR_PT [--input FILE] [--output FILE]
-        [--beam-size 5] [--nbest 1] [--max-tokens N] [--device auto] [--reference FILE]
+        [--beam-size 5] [--nbest 1] [--max-tokens N] [--device auto] [--threads N]
+        [--engine torch|ctranslate2] [--reference FILE]
         [--paper-protocol TOKENIZED_REFERENCE [--paper-lang de]]
+
+`--engine ctranslate2` translates with CTranslate2 from a directory written by
+`scripts/export.py` (given as `--checkpoint`), with the same options and output.
 
 One translation per input line, in input order (an empty line gives an empty line). Beam
 size and length penalty default to those stored in the checkpoint by
@@ -25,22 +29,26 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from transformer.checkpoint import CheckpointError
+from transformer.engines import ENGINES, load_translator
+from transformer.export import ExportError
 from transformer.files import atomic_write
 from transformer.search import DEFAULT_MAX_TOKENS, DecodingSettings
 from transformer.text import DataError, iter_lines, read_lines
-from transformer.translator import Translator, bleu_report, paper_protocol, translate_lines
+from transformer.translator import bleu_report, paper_protocol, translate_lines
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", nargs="+", required=True, metavar="RUN_DIR_OR_PT",
                    help="checkpoint file or run directory (its best checkpoint); several are "
-                        "averaged")
+                        "averaged. With --engine ctranslate2: an export directory")
+    p.add_argument("--engine", choices=ENGINES, default="torch",
+                   help="torch (our PyTorch model, default) or ctranslate2 (a model exported by "
+                        "scripts/export.py; needs pip install -e '.[export]')")
     p.add_argument("--input", type=Path, help="input file (default: standard input)")
     p.add_argument("--output", type=Path, help="output file (default: standard output)")
     p.add_argument("--beam-size", type=int,
@@ -58,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="input lines read, sorted and translated at a time")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     p.add_argument("--threads", type=int,
-                   help="CPU threads (default: torch's); on a busy shared machine 1 can be "
-                        "many times faster, as decoding runs many small operations")
+                   help="CPU threads (default: the engine's); on a busy shared machine 1 can "
+                        "be many times faster, as decoding runs many small operations")
     p.add_argument("--reference", type=Path, help="score the translations against this file")
     p.add_argument("--paper-protocol", type=Path, metavar="TOKENIZED_REFERENCE",
                    help="also score as published Multi30k results do: lowercase, normalize "
@@ -93,9 +101,8 @@ def run(args: argparse.Namespace) -> None:
     if paper_refs is not None:
         lang = _paper_lang(args)
         paper_protocol([], lang)  # fails now, not after translating, if sacremoses is missing
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    translator = Translator.load(args.checkpoint, device=args.device)
+    translator = load_translator(args.checkpoint, args.engine, device=args.device,
+                                 threads=args.threads)
     settings = translator.settings(beam_size=args.beam_size, alpha=args.alpha,
                                    max_len_a=args.max_len_a, max_len_b=args.max_len_b)
     print(f"decoding: {_describe(settings, translator.decoding, args)}", file=sys.stderr)
@@ -164,7 +171,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except BrokenPipeError:  # the reader went away (e.g. `| head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except (CheckpointError, DataError, OSError) as e:
+    except (CheckpointError, DataError, ExportError, OSError) as e:
         message = str(e).replace("\n", " ")
         print(f"error: {message}", file=sys.stderr)
         return 1

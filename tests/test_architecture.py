@@ -30,8 +30,8 @@ LAYERS = [
     {"vocabulary"},
     {"data", "search", "loss", "attention_maps"},
     {"translator"},
-    {"heads", "evaluation", "serve"},
-    {"training"},
+    {"heads", "evaluation", "export", "serve"},
+    {"training", "engines"},
 ]
 
 

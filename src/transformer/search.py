@@ -46,7 +46,7 @@ from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 __all__ = ["DecodingSettings", "DEFAULT_ALPHA", "DEFAULT_MAX_TOKENS", "Hypothesis",
            "length_penalty", "max_output_lengths", "greedy_search", "beam_search",
-           "search_corpus"]
+           "search_corpus", "decode_batches"]
 
 @dataclass(frozen=True)
 class DecodingSettings:
@@ -266,22 +266,36 @@ def search_corpus(model: Transformer, sources: Sequence[Sequence[int]], *,
                   on_progress: Optional[Callable[[int], None]] = None
                   ) -> list[list[Hypothesis]]:
     """Beam search over many sentences, in input order: the one decoding path of validation,
-    translation and evaluation. `sources` are source ids with EOS appended; an empty one
-    gets `nbest` empty hypotheses without running the model. Sentences are sorted longest
-    first and packed into batches of at most `max_tokens` padded source tokens (before the
-    beam expands them). `beam_size=1` is greedy search. `on_progress(n)` is called as
-    sentences are done."""
+    translation and evaluation (batched by `decode_batches`). `sources` are source ids with
+    EOS appended. `beam_size=1` is greedy search."""
     device = model.device
+
+    def search(batch: list[Sequence[int]]) -> list[list[Hypothesis]]:
+        src, src_valid_lens = _pad(batch, device)
+        return beam_search(model, src, src_valid_lens, beam_size=settings.beam_size,
+                           nbest=nbest, alpha=settings.alpha, max_len_a=settings.max_len_a,
+                           max_len_b=settings.max_len_b, use_cache=use_cache)
+
+    return decode_batches(sources, search, nbest=nbest, max_tokens=max_tokens,
+                          on_progress=on_progress)
+
+
+def decode_batches(sources: Sequence[Sequence[int]],
+                   search: Callable[[list[Sequence[int]]], list[list[Hypothesis]]], *,
+                   nbest: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS,
+                   on_progress: Optional[Callable[[int], None]] = None
+                   ) -> list[list[Hypothesis]]:
+    """Run `search` (a batch of sources -> n-best lists) over many sentences and return the
+    results in input order; shared by `search_corpus` and the CTranslate2 engine. An empty
+    source gets `nbest` empty hypotheses without a search. Sentences are sorted longest
+    first and packed into batches of at most `max_tokens` padded source tokens (before the
+    beam expands them). `on_progress(n)` is called as sentences are done."""
     results = [[Hypothesis([], 0.0, 0.0)] * nbest for _ in sources]
     todo = sorted((i for i, ids in enumerate(sources) if ids), key=lambda i: -len(sources[i]))
     if on_progress is not None and len(todo) < len(sources):
         on_progress(len(sources) - len(todo))
     for batch in pack(todo, [len(ids) for ids in sources], max_tokens):
-        src, src_valid_lens = _pad([sources[i] for i in batch], device)
-        hyps = beam_search(model, src, src_valid_lens, beam_size=settings.beam_size,
-                           nbest=nbest, alpha=settings.alpha, max_len_a=settings.max_len_a,
-                           max_len_b=settings.max_len_b, use_cache=use_cache)
-        for i, sentence_hyps in zip(batch, hyps):
+        for i, sentence_hyps in zip(batch, search([sources[i] for i in batch])):
             results[i] = sentence_hyps
         if on_progress is not None:
             on_progress(len(batch))

@@ -21,12 +21,12 @@ import torch
 
 from .checkpoint import (CheckpointError, average_checkpoints, load_checkpoint,
                          model_from_checkpoint, tokenizers_from_state)
-from .model import Transformer
-from .search import DEFAULT_MAX_TOKENS, DecodingSettings, search_corpus
+from .model import ModelConfig, Transformer
+from .search import DEFAULT_MAX_TOKENS, DecodingSettings, Hypothesis, search_corpus
 from .text import DataError
 from .tokenizer import EOS_ID, TokenizerPair
 
-__all__ = ["Translator", "resolve_checkpoint", "translate_lines",
+__all__ = ["BaseTranslator", "Translator", "resolve_checkpoint", "translate_lines",
            "format_nbest", "bleu_report", "paper_protocol"]
 
 log = logging.getLogger(__name__)
@@ -58,26 +58,113 @@ def _device(device: Union[str, torch.device]) -> torch.device:
     return torch.device(device)
 
 
-class Translator:
-    """A model, its tokenizers and its decoding defaults, ready to translate raw sentences.
+class BaseTranslator:
+    """What every engine's translator shares: tokenizers, decoding defaults, the source
+    encoding (pieces + EOS, over-long lines truncated) and `translate`'s batching and return
+    conventions. An engine supplies `_search` (`Translator`: our PyTorch model;
+    `engines.CTranslate2Translator`: an exported CTranslate2 model).
 
-    `decoding` holds the defaults every `translate` call starts from: those stored in the
-    checkpoint by `scripts/tune_decoding.py` (alpha and beam size chosen on validation
-    data), else `DecodingSettings()`. `training_config` is the training configuration the
-    checkpoint recorded (its language pair and data), or None.
+    `decoding` holds the defaults every `translate` call starts from; `training_config` is
+    the training configuration the checkpoint recorded (its language pair and data), or None.
+    A subclass provides `model_config` (the `ModelConfig` of the model it runs).
     """
 
-    engine = "torch"  # what runs the model (another engine's translator names its own)
+    engine = ""  # "torch" or "ctranslate2"
+    model_config: ModelConfig
+
+    def __init__(self, tokenizers: TokenizerPair, *,
+                 decoding: DecodingSettings = DecodingSettings(),
+                 training_config: Optional[dict] = None):
+        self.tokenizers = tokenizers
+        self.decoding = decoding
+        self.training_config = training_config
+
+    @property
+    def max_source_tokens(self) -> int:
+        """Source pieces the model reads at most (its position limit, minus EOS)."""
+        return self.model_config.max_positions - 1
+
+    def settings(self, **overrides: Optional[Union[int, float]]) -> DecodingSettings:
+        """`self.decoding` with the given fields replaced; None keeps the default."""
+        return replace(self.decoding, **{k: v for k, v in overrides.items() if v is not None})
+
+    def translate(self, lines: Sequence[str], *, beam_size: Optional[int] = None,
+                  nbest: int = 1, alpha: Optional[float] = None,
+                  max_tokens: int = DEFAULT_MAX_TOKENS, max_len_a: Optional[float] = None,
+                  max_len_b: Optional[int] = None, return_scores: bool = False,
+                  line_offset: int = 0, on_progress: Optional[Callable[[int], None]] = None,
+                  use_cache: bool = True) -> Union[list[str], list[Scored]]:
+        """Translate sentences, in input order.
+
+        Returns one string per line, or, with `nbest > 1` or `return_scores`, one n-best list
+        of (translation, score) per line (score: the length-normalised log-prob of
+        `search.beam_search`). An empty (blank) line gives "" with score 0.0 without running
+        the model. Decoding options left at None take `self.decoding`'s values. Lines are
+        batched by length (`max_tokens` source tokens per batch, padding included).
+        `line_offset` is added to line numbers in warnings; `on_progress(n)` is called as
+        sentences are done. `use_cache=False` re-runs the decoder over the whole prefix at
+        each step (our PyTorch engine only; slow; for tests and benchmarks).
+        """
+        settings = self.settings(beam_size=beam_size, alpha=alpha, max_len_a=max_len_a,
+                                 max_len_b=max_len_b)
+        sources = self._encode(lines, line_offset)
+        hyps = self._search(sources, settings, nbest=nbest, max_tokens=max_tokens,
+                            use_cache=use_cache, on_progress=on_progress)
+        results = [[(self._decode(h.tokens), h.score) for h in sentence] for sentence in hyps]
+        if nbest == 1 and not return_scores:
+            return [scored[0][0] for scored in results]
+        return results
+
+    def _search(self, sources: list[list[int]], settings: DecodingSettings, *, nbest: int,
+                max_tokens: int, use_cache: bool,
+                on_progress: Optional[Callable[[int], None]]) -> list[list[Hypothesis]]:
+        """The engine's `search_corpus`: source ids (with EOS; [] for a blank line) ->
+        `nbest` hypotheses per sentence, in input order."""
+        raise NotImplementedError
+
+    def _encode(self, lines: Sequence[str], line_offset: int) -> list[list[int]]:
+        """Source ids (pieces + EOS) per line, [] for a blank line; over-long lines are
+        truncated to the model's limit with a warning naming the line."""
+        limit = self.max_source_tokens
+        pieces = self.tokenizers.src.encode_batch([line if line.strip() else ""
+                                                   for line in lines])
+        sources = []
+        for number, ids in enumerate(pieces, line_offset + 1):
+            if len(ids) > limit:
+                log.warning("line %d has %d source tokens, more than the model's limit of %d; "
+                            "translating its first %d", number, len(ids), limit, limit)
+                ids = ids[:limit]
+            sources.append(ids + [EOS_ID] if ids else [])
+        return sources
+
+    def _decode(self, ids: list[int]) -> str:
+        """Detokenized text on one line (a generated newline byte must not split it)."""
+        return self.tokenizers.tgt.decode(ids).replace("\r", " ").replace("\n", " ")
+
+
+class Translator(BaseTranslator):
+    """Our PyTorch engine: a model, its tokenizers and its decoding defaults, ready to
+    translate raw sentences.
+
+    `decoding` defaults to those stored in the checkpoint by `scripts/tune_decoding.py`
+    (alpha and beam size chosen on validation data), else `DecodingSettings()`.
+    """
+
+    engine = "torch"
 
     def __init__(self, model: Transformer, tokenizers: TokenizerPair,
                  device: Union[str, torch.device] = "cpu", *,
                  decoding: DecodingSettings = DecodingSettings(),
                  training_config: Optional[dict] = None):
+        super().__init__(tokenizers, decoding=decoding,
+                         training_config=training_config)
         self.device = _device(device)
         self.model = model.to(self.device).eval()
-        self.tokenizers = tokenizers
-        self.decoding = decoding
-        self.training_config = training_config
+
+    @property
+    def model_config(self) -> ModelConfig:
+        """The model's own config (it changes when heads are pruned)."""
+        return self.model.config
 
     @classmethod
     def load(cls, checkpoint: Union[PathLike, Sequence[PathLike]],
@@ -105,60 +192,12 @@ class Translator:
         return cls(model, tokenizers, device, decoding=_stored_decoding(state, name),
                    training_config=state.get("config"))
 
-    @property
-    def max_source_tokens(self) -> int:
-        """Source pieces the model reads at most (its position limit, minus EOS)."""
-        return self.model.config.max_positions - 1
-
-    def settings(self, **overrides: Optional[Union[int, float]]) -> DecodingSettings:
-        """`self.decoding` with the given fields replaced; None keeps the default."""
-        return replace(self.decoding, **{k: v for k, v in overrides.items() if v is not None})
-
-    def translate(self, lines: Sequence[str], *, beam_size: Optional[int] = None,
-                  nbest: int = 1, alpha: Optional[float] = None,
-                  max_tokens: int = DEFAULT_MAX_TOKENS, max_len_a: Optional[float] = None,
-                  max_len_b: Optional[int] = None, return_scores: bool = False,
-                  line_offset: int = 0, on_progress: Optional[Callable[[int], None]] = None,
-                  use_cache: bool = True) -> Union[list[str], list[Scored]]:
-        """Translate sentences, in input order.
-
-        Returns one string per line, or, with `nbest > 1` or `return_scores`, one n-best list
-        of (translation, score) per line (score: the length-normalised log-prob of
-        `search.beam_search`). An empty (blank) line gives "" with score 0.0 without running
-        the model. Decoding options left at None take `self.decoding`'s values. Lines are
-        batched by length (`max_tokens` source tokens per batch, padding included).
-        `line_offset` is added to line numbers in warnings; `on_progress(n)` is called as
-        sentences are done. `use_cache=False` re-runs the decoder over the whole prefix at
-        each step (slow; for tests and benchmarks).
-        """
-        settings = self.settings(beam_size=beam_size, alpha=alpha, max_len_a=max_len_a,
-                                 max_len_b=max_len_b)
-        hyps = search_corpus(self.model, self._encode(lines, line_offset), settings=settings,
-                             nbest=nbest, max_tokens=max_tokens, use_cache=use_cache,
+    def _search(self, sources: list[list[int]], settings: DecodingSettings, *, nbest: int,
+                max_tokens: int, use_cache: bool,
+                on_progress: Optional[Callable[[int], None]]) -> list[list[Hypothesis]]:
+        return search_corpus(self.model, sources, settings=settings, nbest=nbest,
+                             max_tokens=max_tokens, use_cache=use_cache,
                              on_progress=on_progress)
-        results = [[(self._decode(h.tokens), h.score) for h in sentence] for sentence in hyps]
-        if nbest == 1 and not return_scores:
-            return [scored[0][0] for scored in results]
-        return results
-
-    def _encode(self, lines: Sequence[str], line_offset: int) -> list[list[int]]:
-        """Source ids (pieces + EOS) per line, [] for a blank line; over-long lines are
-        truncated to the model's limit with a warning naming the line."""
-        limit = self.max_source_tokens
-        pieces = self.tokenizers.src.encode_batch([line if line.strip() else ""
-                                                   for line in lines])
-        sources = []
-        for number, ids in enumerate(pieces, line_offset + 1):
-            if len(ids) > limit:
-                log.warning("line %d has %d source tokens, more than the model's limit of %d; "
-                            "translating its first %d", number, len(ids), limit, limit)
-                ids = ids[:limit]
-            sources.append(ids + [EOS_ID] if ids else [])
-        return sources
-
-    def _decode(self, ids: list[int]) -> str:
-        """Detokenized text on one line (a generated newline byte must not split it)."""
-        return self.tokenizers.tgt.decode(ids).replace("\r", " ").replace("\n", " ")
 
 
 def _stored_decoding(state: dict, name: object) -> DecodingSettings:
@@ -179,7 +218,7 @@ def format_nbest(line_number: int, scored: Scored) -> list[str]:
     return [f"{line_number}\t{score:.4f}\t{text}" for text, score in scored]
 
 
-def translate_lines(translator: Translator, lines: Iterable[str], out: TextIO, *,
+def translate_lines(translator: BaseTranslator, lines: Iterable[str], out: TextIO, *,
                     chunk_lines: int = 10_000, nbest: int = 1, keep: bool = False,
                     flush: bool = False, on_progress: Optional[Callable[[int], None]] = None,
                     **options) -> list[str]:

@@ -1,0 +1,173 @@
+"""Benchmark: our PyTorch engine vs CTranslate2 float32 and int8 exports of the same model,
+on Multi30k test_2016_flickr (en -> de), beam 5, CPU, in one run.
+
+For each thread count (default 1 and 2) and engine, a fresh subprocess loads the model,
+warms up on 8 sentences, then translates the whole test set (best of --repeats): sentences/s,
+target tokens/s (output pieces + EOS, re-encoded from the text), peak RSS of that process,
+model size on disk (our checkpoint file; CTranslate2's model.bin) and cased sacreBLEU. Ratios
+are against our engine at the same thread count, measured in this run. The exports are made
+here from --checkpoint with scripts/export.py's code. Both engines decode with the same
+settings (beam 5, the checkpoint's alpha, max length 1.5 * source + 10, batches of
+--max-tokens source tokens); see transformer/engines.py for how the searches are matched.
+
+    python bench/engines.py [--checkpoint RUN_OR_PT] [--data-root DIR] [--threads 1 2]
+                            [--sentences 1000] [--repeats 2] [--profile]
+
+`--profile` also prints where our engine's time goes (torch.profiler, operators by self CPU
+time, at the smallest thread count: the least disturbed by other processes). Needs `ctranslate2` (pip install -e '.[export]').
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import sacrebleu
+import torch
+
+from memory import reset_peak_rss, status_mib  # bench/memory.py
+from transformer.engines import load_translator
+from transformer.export import export_ctranslate2
+from transformer.multi30k import DEFAULT_ROOT, download_multi30k
+from transformer.search import DEFAULT_MAX_TOKENS
+from transformer.text import read_lines
+from transformer.translator import Translator
+
+DEFAULT_CHECKPOINT = "/work/runs/ref/checkpoints/checkpoint_best.pt"
+ENGINES = {"torch": None, "ct2 float32": "float32", "ct2 int8": "int8"}  # name -> export
+TARGETS = {"ct2 int8": 4.0, "ct2 float32": 2.0}  # sentences/s vs ours, at 2 threads
+INT8_MAX_BLEU_DROP, INT8_MAX_SIZE = 0.5, 0.30
+
+
+def test_lines(root: str, lang: str) -> list[str]:
+    download_multi30k(root, ("en", "de"))
+    return read_lines(Path(root).expanduser() / f"test_2016_flickr.{lang}.gz")
+
+
+def child(args: argparse.Namespace) -> None:
+    """One engine at one thread count: time it, report speed, memory and the output."""
+    threads = args.threads[0]
+    torch.set_num_threads(threads)
+    engine = "torch" if ENGINES[args.child] is None else "ctranslate2"
+    translator = load_translator(args.model, engine, device="cpu", threads=threads)
+    lines = test_lines(args.data_root, "en")[:args.sentences]
+    options = {"beam_size": 5, "max_tokens": args.max_tokens}
+    translator.translate(lines[:8], **options)  # warm-up
+    reset_peak_rss()
+    seconds = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        hyps = translator.translate(lines, **options)
+        seconds.append(time.perf_counter() - start)
+    tokens = sum(len(ids) + 1 for ids in translator.tokenizers.tgt.encode_batch(hyps))
+    print(json.dumps({"seconds": min(seconds), "tokens": tokens, "hyps": hyps,
+                      "peak_rss_mib": status_mib("VmHWM")}))
+
+
+def run(name: str, model: str, threads: int, args: argparse.Namespace) -> dict:
+    cmd = [sys.executable, __file__, "--child", name, "--model", model, "--threads",
+           str(threads), "--data-root", args.data_root, "--sentences", str(args.sentences),
+           "--repeats", str(args.repeats), "--max-tokens", str(args.max_tokens)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def load_average() -> float:
+    """The 1-minute load average: other processes' demand for the cores."""
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+def profile(checkpoint: str, lines: list[str], threads: int, max_tokens: int) -> None:
+    """Where our engine's beam search spends its time, by operator."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    torch.set_num_threads(threads)
+    translator = Translator.load(checkpoint, device="cpu")
+    translator.translate(lines[:8], beam_size=5)
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        translator.translate(lines, beam_size=5, max_tokens=max_tokens)
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    print(f"\nour engine, {len(lines)} sentences, beam 5, {threads} thread(s): {wall:.1f}s wall "
+          f"(profiled); operators by self CPU time:")
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:15]:
+        print(f"  {e.key:<32}{e.self_cpu_time_total / 1e6:>8.2f}s"
+              f"{100 * e.self_cpu_time_total / total:>7.1f}%{e.count:>9} calls")
+    print(f"  (operator self time {total / 1e6:.2f}s; the rest of the wall time is Python)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT,
+                        help=f"a trained model (default {DEFAULT_CHECKPOINT})")
+    parser.add_argument("--data-root", default=DEFAULT_ROOT,
+                        help="folder of the Multi30k files (default: the download cache)")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--sentences", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs; the best counts")
+    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+
+    refs = test_lines(args.data_root, "de")[:args.sentences]
+    load_before = load_average()
+    translator = Translator.load(args.checkpoint, device="cpu")
+    print(f"torch {torch.__version__}; checkpoint {args.checkpoint} "
+          f"({translator.model.num_parameters():,} parameters); {len(refs)} sentences of "
+          f"test_2016_flickr, beam 5, alpha {translator.decoding.alpha:g}")
+    with tempfile.TemporaryDirectory() as tmp:
+        models = {"torch": args.checkpoint}
+        for name, quantization in ENGINES.items():
+            if quantization:
+                models[name] = str(Path(tmp) / quantization)
+                export_ctranslate2(translator, models[name], quantization=quantization)
+        sizes = {name: Path(path if name == "torch" else Path(path) / "model.bin").stat().st_size
+                 for name, path in models.items()}
+        results = {(threads, name): run(name, models[name], threads, args)
+                   for threads in args.threads for name in ENGINES}
+    bleu = {key: sacrebleu.corpus_bleu(r["hyps"], [refs]).score for key, r in results.items()}
+    print(f"{'engine':<13}{'threads':>8}{'sent/s':>9}{'tok/s':>9}{'vs ours':>9}"
+          f"{'peak RSS MiB':>14}{'size MiB':>10}{'BLEU':>7}")
+    speed = {key: args.sentences / r["seconds"] for key, r in results.items()}
+    for (threads, name), r in results.items():
+        print(f"{name:<13}{threads:>8}{speed[threads, name]:>9.1f}"
+              f"{r['tokens'] / r['seconds']:>9.0f}{speed[threads, name] / speed[threads, 'torch']:>9.2f}"
+              f"{r['peak_rss_mib']:>14.0f}{sizes[name] / 2**20:>10.1f}{bleu[threads, name]:>7.2f}")
+    print("size: our checkpoint file (weights + optimizer state), CTranslate2's model.bin")
+    loads = (load_before, load_average())
+    print(f"load average before/after: {loads[0]:.1f}/{loads[1]:.1f}"
+          + ("  -- other processes were using the CPU: rerun on a quiet machine (a thread "
+             "that loses its core stalls every operation, above all with 2 threads)"
+             if max(loads) > 1.5 else ""))
+    top = max(args.threads)
+    for name, target in TARGETS.items():
+        ratio = speed[top, name] / speed[top, "torch"]
+        print(f"{'PASS' if ratio >= target else 'FAIL'}  {name} >= {target:g}x our "
+              f"sentences/s at {top} thread(s): {ratio:.2f}x")
+    drop = bleu[top, "torch"] - bleu[top, "ct2 int8"]
+    print(f"{'PASS' if drop <= INT8_MAX_BLEU_DROP else 'FAIL'}  ct2 int8 BLEU within "
+          f"{INT8_MAX_BLEU_DROP} of ours: {-drop:+.2f}")
+    share = sizes["ct2 int8"] / sizes["torch"]
+    print(f"{'PASS' if share <= INT8_MAX_SIZE else 'FAIL'}  ct2 int8 model.bin <= "
+          f"{INT8_MAX_SIZE:.0%} of the float32 checkpoint: {share:.0%}")
+    if args.profile:
+        profile(args.checkpoint, test_lines(args.data_root, "en")[:args.sentences],
+                min(args.threads), args.max_tokens)
+
+
+if __name__ == "__main__":
+    main()

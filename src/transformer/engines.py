@@ -1,0 +1,166 @@
+"""Translation engines: our PyTorch `Translator`, or CTranslate2 running an exported model.
+
+    translator = load_translator("runs/x", "torch")                 # a checkpoint or run dir
+    translator = load_translator("runs/x/ct2-int8", "ctranslate2")  # scripts/export.py's output
+    translator.translate(lines, beam_size=5)     # the same API and return values either way
+
+Both are `translator.BaseTranslator`s: the same source encoding, batching
+(`search.decode_batches`), n-best lists, blank-line handling and scores, so
+`translate_lines`, `bleu_report` and the paper protocol work with either.
+
+How the CTranslate2 engine matches `search.beam_search`:
+- Greedy (beam 1) is the same argmax search; tokens agree except where float rounding
+  flips a near tie (CTranslate2 fuses and reorders the matrix products).
+- Length normalisation: CTranslate2 normalises by `length ** length_penalty`, ours by GNMT's
+  `((5 + length) / 6) ** alpha`. So CTranslate2 searches with `length_penalty=0` (both
+  engines rank the candidates inside the beam by cumulative log-prob) and returns all
+  `beam_size` finished hypotheses with their log-probs (EOS included, as ours); they are
+  then ranked by our GNMT score (`search.length_penalty`, the length counting EOS), which is
+  also the score returned. What still differs is when a sentence stops: CTranslate2 when
+  `beam_size` hypotheses have finished, ours when no live one can beat the n-best.
+- Length limit: CTranslate2 takes one `max_decoding_length` per batch, so it gets the
+  batch's largest `a * source_len + b`; each output is cut to its own sentence's limit and
+  then scored with the EOS our search forces there (CTranslate2's `score_batch`). Greedy
+  search gives exactly our output; in beam search a hypothesis that runs past its limit may
+  have beaten one that our search would have kept alive instead (rare).
+- PAD and BOS are never generated (suppressed), UNK may be, as ours.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+
+from .export import ExportError, read_export, require_ctranslate2
+from .search import (DecodingSettings, Hypothesis, decode_batches,
+                     length_penalty, max_output_lengths)
+from .tokenizer import TokenizerPair
+from .translator import BaseTranslator, Translator
+
+__all__ = ["ENGINES", "CTranslate2Translator", "load_translator"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+ENGINES = ("torch", "ctranslate2")
+NEVER_GENERATED = [["<pad>"], ["<s>"]]  # as search._next_log_probs masks PAD and BOS
+
+
+class CTranslate2Translator(BaseTranslator):
+    """An exported model (`scripts/export.py`) run by CTranslate2, with the tokenizers and
+    decoding defaults stored beside it."""
+
+    engine = "ctranslate2"
+
+    def __init__(self, directory: PathLike, *, device: str = "cpu",
+                 threads: Optional[int] = None):
+        """`device`: "cpu", "cuda" or "auto"; `threads`: CTranslate2's intra-op threads
+        (None: its default)."""
+        ctranslate2 = require_ctranslate2()
+        info, tokenizers = read_export(directory)
+        super().__init__(tokenizers, decoding=info.decoding_settings(),
+                         training_config=info.training_config)
+        self.directory = Path(directory)
+        self.info = info
+        self.model_config = info.model()
+        self.device, index = _ct2_device(device)
+        try:
+            self.model = ctranslate2.Translator(str(directory), device=self.device,
+                                                device_index=index, intra_threads=threads or 0)
+        except (RuntimeError, ValueError) as e:
+            raise ExportError(f"CTranslate2 cannot load {directory}: "
+                              f"{str(e).splitlines()[0] if str(e) else e!r}") from e
+        self._src_pieces = _pieces(tokenizers, "src")
+        self._tgt_ids = {piece: i for i, piece in enumerate(_pieces(tokenizers, "tgt"))}
+
+    def _search(self, sources: list[list[int]], settings: DecodingSettings, *, nbest: int,
+                max_tokens: int, use_cache: bool,
+                on_progress: Optional[Callable[[int], None]]) -> list[list[Hypothesis]]:
+        if not use_cache:
+            raise ValueError("use_cache=False exists only for the torch engine")
+        if not 1 <= nbest <= settings.beam_size:
+            raise ValueError(f"need 1 <= nbest <= beam_size, got nbest={nbest}, "
+                             f"beam_size={settings.beam_size}")
+        return decode_batches(sources, lambda batch: self._search_batch(batch, settings, nbest),
+                              nbest=nbest, max_tokens=max_tokens, on_progress=on_progress)
+
+    def _search_batch(self, batch: Sequence[Sequence[int]], settings: DecodingSettings,
+                      nbest: int) -> list[list[Hypothesis]]:
+        """One `translate_batch` call; see the module docstring for how it matches ours."""
+        limits = max_output_lengths(torch.tensor([len(ids) for ids in batch]),
+                                    settings.max_len_a, settings.max_len_b,
+                                    self.model_config.max_positions).tolist()
+        sources = [[self._src_pieces[i] for i in ids] for ids in batch]
+        results = self.model.translate_batch(
+            sources, beam_size=settings.beam_size, num_hypotheses=settings.beam_size,
+            length_penalty=0.0, return_scores=True, max_input_length=0,
+            max_decoding_length=max(limits) + 1, suppress_sequences=NEVER_GENERATED)
+        candidates = [[(pieces[:limit], log_prob)
+                       for pieces, log_prob in zip(result.hypotheses, result.scores)]
+                      for result, limit in zip(results, limits)]
+        self._rescore_cut(sources, candidates, limits)
+        return [self._ranked(hyps, settings.alpha, nbest) for hyps in candidates]
+
+    def _rescore_cut(self, sources: list[list[str]],
+                     candidates: list[list[tuple[list[str], float]]], limits: list[int]) -> None:
+        """Hypotheses cut to their sentence's length limit get the log-prob of the cut
+        output plus EOS, as our search scores the EOS it forces at the limit (rare: the
+        model has to run on past the limit)."""
+        cut = [(i, j) for i, hyps in enumerate(candidates) for j, (pieces, _) in enumerate(hyps)
+               if len(pieces) == limits[i]]
+        if not cut:
+            return
+        scored = self.model.score_batch([sources[i] for i, _ in cut],
+                                        [candidates[i][j][0] for i, j in cut],
+                                        max_input_length=0)
+        for (i, j), result in zip(cut, scored):  # log_probs: one per token, EOS included
+            candidates[i][j] = (candidates[i][j][0], float(sum(result.log_probs)))
+
+    def _ranked(self, candidates: list[tuple[list[str], float]], alpha: float,
+                nbest: int) -> list[Hypothesis]:
+        """Finished hypotheses (pieces, log-prob), best GNMT score first."""
+        hyps = []
+        for pieces, log_prob in candidates:
+            tokens = [self._tgt_ids[p] for p in pieces]
+            hyps.append(Hypothesis(tokens, log_prob / length_penalty(len(tokens) + 1, alpha),
+                                   log_prob))
+        hyps.sort(key=lambda h: -h.score)
+        return hyps[:nbest]
+
+
+def _pieces(tokenizers: TokenizerPair, side: str) -> list[str]:
+    tokenizer = getattr(tokenizers, side)
+    return [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+
+
+def _ct2_device(device: Union[str, torch.device]) -> tuple[str, int]:
+    """"auto", "cpu", "cuda", "cuda:1" -> CTranslate2's (device, device_index)."""
+    device = str(device)
+    if device == "auto":
+        return ("cuda" if torch.cuda.is_available() else "cpu"), 0
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or not (index.isdigit() or not index):
+        raise ExportError(f"the ctranslate2 engine runs on cpu or cuda[:N], not {device!r}")
+    return kind, int(index or 0)
+
+
+def load_translator(checkpoint: Union[PathLike, Sequence[PathLike]], engine: str = "torch", *,
+                    device: Union[str, torch.device] = "auto",
+                    threads: Optional[int] = None) -> BaseTranslator:
+    """A translator for `engine`: "torch" loads a checkpoint file or run directory (several
+    are averaged) into `Translator`; "ctranslate2" loads an export directory. `threads` sets
+    the engine's CPU threads (for torch: `torch.set_num_threads`, process-wide).
+    Raises CheckpointError / ExportError with one-line messages."""
+    if engine == "torch":
+        if threads:
+            torch.set_num_threads(threads)
+        return Translator.load(checkpoint, device=device)
+    if engine != "ctranslate2":
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
+    if len(paths) != 1:
+        raise ExportError("the ctranslate2 engine reads one export directory; average "
+                          "checkpoints before exporting (scripts/export.py takes several)")
+    return CTranslate2Translator(paths[0], device=str(device), threads=threads)
+

@@ -1,0 +1,287 @@
+"""Export a trained model to CTranslate2 (OpenNMT's C++ inference engine) for fast CPU
+translation, and read such an export back.
+
+    export_ctranslate2(Translator.load("runs/x"), "runs/x/ct2-int8", quantization="int8")
+
+The model goes through CTranslate2's model-spec API: a `TransformerSpec` filled from our
+`ModelConfig` and weights. The mapping, layer by layer:
+
+    ours                                    CTranslate2 spec
+    embedding (x sqrt(d), shared)           embeddings.weight, scale_embeddings=True
+    PositionalEncoding.P (sin even, cos odd) position_encodings.encodings (set explicitly:
+                                            CTranslate2's own table puts sin | cos in halves)
+    attention W_q, W_k, W_v (self)          self_attention.linear[0] (fused QKV)
+    attention2 W_q | W_k, W_v (cross)       attention.linear[0] | linear[1] (fused KV)
+    W_o                                     linear[-1]
+    addnorm1/2/3.ln                         the sublayer's layer_norm (post-norm: after the
+                                            residual; pre-norm: before, and a final norm)
+    ffn.dense1, dense2                      ffn.linear_0, linear_1
+    output_projection (tied)                decoder.projection (the same matrix: saved once)
+
+A pruned model (layers with fewer heads) is exported with the removed heads as zero rows of
+W_q, W_k, W_v and zero columns of W_o: CTranslate2 wants one head count per stack, and a zero
+head adds nothing to W_o's output, so the translations are unchanged.
+
+The export directory holds `model.bin` and the vocabularies (CTranslate2's), the
+SentencePiece model(s), and `transformer.json` (`ExportInfo`): our model config, decoding
+defaults, language pair and quantization, so `engines.CTranslate2Translator` rebuilds
+everything `Translator` has. `ctranslate2` is an optional dependency (the `export` extra).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+from .attention import MultiHeadAttention
+from .files import WriteError, atomic_write
+from .model import ModelConfig, Transformer
+from .search import DecodingSettings
+from .tokenizer import Tokenizer, TokenizerPair
+from .translator import Translator
+
+__all__ = ["ExportError", "QUANTIZATIONS", "EXPORT_INFO", "ExportInfo", "require_ctranslate2",
+           "transformer_spec", "export_ctranslate2", "read_export", "is_export"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+QUANTIZATIONS = ("float32", "int8", "int8_float32")  # CPU weight types worth exporting
+EXPORT_INFO = "transformer.json"  # our metadata beside CTranslate2's model.bin
+INSTALL_HINT = "pip install -e '.[export]' (or pip install 'ctranslate2>=4')"
+
+
+class ExportError(RuntimeError):
+    """CTranslate2 is missing, or an export directory is unusable; the message says why."""
+
+
+def require_ctranslate2() -> Any:
+    """The `ctranslate2` module, or ExportError saying how to install it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise ExportError(f"the ctranslate2 engine needs the ctranslate2 package: "
+                          f"{INSTALL_HINT}") from None
+    return ctranslate2
+
+
+@dataclass
+class ExportInfo:
+    """`transformer.json`: what a CTranslate2 export needs besides CTranslate2's own files."""
+
+    model_config: dict[str, Any]  # ModelConfig.to_dict() of the exported model
+    decoding: dict[str, Any]  # DecodingSettings fields: the translator's defaults
+    quantization: str
+    tokenizer: dict[str, str]  # side ("src", "tgt") -> SentencePiece file in the directory
+    source: str  # the checkpoint(s) it was exported from
+    training_config: Optional[dict[str, Any]] = None  # as the checkpoint recorded it
+    format_version: int = 1
+    languages: dict[str, Optional[str]] = field(default_factory=dict)  # "src"/"tgt" -> code
+
+    def model(self) -> ModelConfig:
+        return ModelConfig.from_dict(self.model_config)
+
+    def decoding_settings(self) -> DecodingSettings:
+        return DecodingSettings(**self.decoding)
+
+
+# ---- the spec --------------------------------------------------------------------------------
+
+def _array(t: Tensor) -> Any:
+    """A float32 numpy copy: CTranslate2's `optimize` (quantization) works in place, and
+    must not change the model's own parameters."""
+    return t.detach().to(torch.float32, copy=True).contiguous().numpy()
+
+
+def _set_linear(spec: Any, weight: Tensor, bias: Optional[Tensor]) -> None:
+    spec.weight = _array(weight)
+    if bias is not None:
+        spec.bias = _array(bias)
+
+
+def _set_layer_norm(spec: Any, ln: nn.LayerNorm) -> None:
+    spec.gamma, spec.beta = _array(ln.weight), _array(ln.bias)
+
+
+def _full_heads(attention: MultiHeadAttention,
+                num_heads: int) -> tuple[list[Tensor], list[Tensor], Tensor]:
+    """W_q, W_k, W_v weights and biases with every original head, pruned heads as zeros,
+    and W_o's weight with zero columns for them: (num_heads * head_dim, d) each."""
+    head_dim = attention.head_dim
+    rows = (torch.tensor(attention.head_ids)[:, None] * head_dim
+            + torch.arange(head_dim)).flatten()  # the kept heads' features, original order
+    weights, biases = [], []
+    for linear in (attention.W_q, attention.W_k, attention.W_v):
+        w = linear.weight.new_zeros(num_heads * head_dim, linear.weight.shape[1])
+        w[rows] = linear.weight.detach()
+        weights.append(w)
+        b = linear.weight.new_zeros(num_heads * head_dim)
+        if linear.bias is not None:
+            b[rows] = linear.bias.detach()
+        biases.append(b)
+    w_o = attention.W_o.weight.new_zeros(attention.W_o.weight.shape[0], num_heads * head_dim)
+    w_o[:, rows] = attention.W_o.weight.detach()
+    return weights, biases, w_o
+
+
+def _set_attention(spec: Any, attention: MultiHeadAttention, num_heads: int, *,
+                   self_attention: bool) -> None:
+    """Self-attention: linear[0] = fused QKV; cross: linear[0] = Q, linear[1] = fused KV."""
+    (wq, wk, wv), (bq, bk, bv), w_o = _full_heads(attention, num_heads)
+    if self_attention:
+        _set_linear(spec.linear[0], torch.cat([wq, wk, wv]), torch.cat([bq, bk, bv]))
+    else:
+        _set_linear(spec.linear[0], wq, bq)
+        _set_linear(spec.linear[1], torch.cat([wk, wv]), torch.cat([bk, bv]))
+    _set_linear(spec.linear[-1], w_o, attention.W_o.bias)
+
+
+def _set_ffn(spec: Any, block: nn.Module, ln: nn.LayerNorm) -> None:
+    _set_linear(spec.linear_0, block.ffn.dense1.weight, block.ffn.dense1.bias)
+    _set_linear(spec.linear_1, block.ffn.dense2.weight, block.ffn.dense2.bias)
+    _set_layer_norm(spec.layer_norm, ln)
+
+
+def _set_inputs(spec: Any, embedding: nn.Embedding, positions: Tensor) -> None:
+    """Token embeddings, scaled by sqrt(d) as ours, and our sinusoid table (max_positions, d)."""
+    embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
+    embeddings.weight = _array(embedding.weight)
+    spec.scale_embeddings = True
+    spec.position_encodings.encodings = _array(positions)
+
+
+def transformer_spec(model: Transformer, tokenizers: TokenizerPair) -> Any:
+    """A CTranslate2 `TransformerSpec` holding `model`'s weights and vocabularies."""
+    require_ctranslate2()
+    from ctranslate2.specs import transformer_spec as ts
+
+    c = model.config
+    spec = ts.TransformerSpec.from_config((c.num_encoder_layers, c.num_decoder_layers),
+                                          c.num_heads, pre_norm=c.norm_first)
+    encoder, decoder = model.encoder, model.decoder
+    _set_inputs(spec.encoder, encoder.embedding, encoder.pos_encoding.P[0])
+    for layer, block in zip(spec.encoder.layer, encoder.blks):
+        _set_attention(layer.self_attention, block.attention, c.num_heads, self_attention=True)
+        _set_layer_norm(layer.self_attention.layer_norm, block.addnorm1.ln)
+        _set_ffn(layer.ffn, block, block.addnorm2.ln)
+    _set_inputs(spec.decoder, decoder.embedding, decoder.pos_encoding.P[0])
+    for layer, block in zip(spec.decoder.layer, decoder.blks):
+        _set_attention(layer.self_attention, block.attention1, c.num_heads, self_attention=True)
+        _set_layer_norm(layer.self_attention.layer_norm, block.addnorm1.ln)
+        _set_attention(layer.attention, block.attention2, c.num_heads, self_attention=False)
+        _set_layer_norm(layer.attention.layer_norm, block.addnorm2.ln)
+        _set_ffn(layer.ffn, block, block.addnorm3.ln)
+    if c.norm_first:
+        _set_layer_norm(spec.encoder.layer_norm, encoder.final_ln)
+        _set_layer_norm(spec.decoder.layer_norm, decoder.final_ln)
+    _set_linear(spec.decoder.projection, model.output_projection.weight, None)
+    spec.config.layer_norm_epsilon = encoder.blks[0].addnorm1.ln.eps
+    # Our ids are the SentencePiece ids, so the vocabularies are its pieces in id order.
+    spec.register_source_vocabulary(_pieces(tokenizers.src))
+    spec.register_target_vocabulary(_pieces(tokenizers.tgt))
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = "<unk>", "<s>", "</s>"
+    spec.config.decoder_start_token = "<s>"
+    return spec
+
+
+def _pieces(tokenizer: Tokenizer) -> list[str]:
+    return [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+
+
+# ---- writing and reading an export --------------------------------------------------------------
+
+def _languages(training_config: Optional[dict]) -> dict[str, Optional[str]]:
+    data = (training_config or {}).get("data") or {}
+    return {"src": data.get("src_lang"), "tgt": data.get("tgt_lang")}
+
+
+def export_ctranslate2(translator: Translator, output: PathLike, *,
+                       quantization: str = "float32", source: str = "") -> ExportInfo:
+    """Write `translator`'s model as a CTranslate2 model directory `output` (replacing an
+    earlier export there; any other existing non-empty directory is refused). The directory
+    appears complete or not at all: it is built beside `output`, then renamed."""
+    if quantization not in QUANTIZATIONS:
+        raise ExportError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, "
+                          f"got {quantization!r}")
+    output = Path(output)
+    if output.exists() and (not output.is_dir() or (any(output.iterdir())
+                                                    and not is_export(output))):
+        raise ExportError(f"{output} exists and is not a CTranslate2 export: choose another "
+                          f"--output")
+    spec = transformer_spec(translator.model, translator.tokenizers)
+    spec.validate()
+    spec.optimize(quantization=quantization)
+    shared = translator.tokenizers.shared
+    files = {"src": "spm.model", "tgt": "spm.model"} if shared else {
+        "src": "source.spm.model", "tgt": "target.spm.model"}
+    info = ExportInfo(model_config=translator.model.config.to_dict(),
+                      decoding=asdict(translator.decoding), quantization=quantization,
+                      tokenizer=files, source=source, training_config=translator.training_config,
+                      languages=_languages(translator.training_config))
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        build = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp"))
+        build.chmod(0o755)  # mkdtemp's is 0o700
+    except OSError as e:
+        raise WriteError(f"could not write {output}: {e.strerror or e}") from e
+    try:
+        spec.save(str(build))
+        translator.tokenizers.src.save(build / files["src"])
+        if not shared:
+            translator.tokenizers.tgt.save(build / files["tgt"])
+        with atomic_write(build / EXPORT_INFO, text=True) as f:
+            json.dump(asdict(info), f, indent=2, default=str)
+        _replace_directory(build, output)
+    except OSError as e:
+        raise WriteError(f"could not write {output}: {e.strerror or e}") from e
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    return info
+
+
+def _replace_directory(new: Path, target: Path) -> None:
+    """Rename `new` to `target`; an existing `target` is moved aside first, then deleted."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(target, old)
+    os.replace(new, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def is_export(directory: PathLike) -> bool:
+    """Whether `directory` looks like a CTranslate2 export of ours."""
+    directory = Path(directory)
+    return (directory / EXPORT_INFO).is_file() and (directory / "model.bin").is_file()
+
+
+def read_export(directory: PathLike) -> tuple[ExportInfo, TokenizerPair]:
+    """The `ExportInfo` and tokenizers of an export directory; ExportError naming the file
+    when something is missing or unreadable."""
+    directory = Path(directory)
+    path = directory / EXPORT_INFO
+    if not is_export(directory):
+        raise ExportError(f"{directory} is not a CTranslate2 export (no {EXPORT_INFO} and "
+                          f"model.bin); make one with scripts/export.py")
+    try:
+        info = ExportInfo(**json.loads(path.read_text(encoding="utf-8")))
+        info.model()
+        info.decoding_settings()
+    except (OSError, ValueError, TypeError) as e:
+        raise ExportError(f"unreadable {path}: {e}") from e
+    try:
+        src = Tokenizer.load(directory / info.tokenizer["src"])
+        tgt = (src if info.tokenizer["tgt"] == info.tokenizer["src"]
+               else Tokenizer.load(directory / info.tokenizer["tgt"]))
+    except (OSError, RuntimeError, ValueError, KeyError) as e:
+        raise ExportError(f"{directory}: unreadable SentencePiece model: {e}") from e
+    return info, TokenizerPair(src, tgt)

@@ -1,0 +1,350 @@
+"""CTranslate2 export (scripts/export.py) and the ctranslate2 engine (--engine ctranslate2),
+checked against our PyTorch engine's own output on a model trained here.
+
+The model: en->de on the Multi30k slice, trained for a few hundred updates (~30 s on one
+thread): weak, but a real translation model with peaked and flat distributions alike.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import sacrebleu
+import torch
+from torch import nn
+
+from transformer.checkpoint import save_checkpoint, tokenizers_to_state
+from transformer.engines import CTranslate2Translator, load_translator
+from transformer.export import ExportError, export_ctranslate2, read_export
+from transformer.model import ModelConfig, Transformer
+from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerPair
+from transformer.translator import Translator, translate_lines
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+export_script = _load_script("export")
+translate_script = _load_script("translate")
+
+
+def save(model: Transformer, tokenizer: Tokenizer, path: Path, **extra) -> Path:
+    save_checkpoint({"model": model.state_dict(), "model_config": model.config.to_dict(),
+                     "tokenizer": tokenizers_to_state(TokenizerPair(tokenizer, tokenizer)),
+                     "config": {"data": {"src_lang": "en", "tgt_lang": "de"}}, **extra}, path)
+    return path
+
+
+def train_en_de(tokenizer: Tokenizer, src: list[str], tgt: list[str], *, steps: int = 300,
+                norm_first: bool = False) -> Transformer:
+    """A small en->de model, trained with teacher forcing on (src, tgt) pairs."""
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    vocab = tokenizer.vocab_size
+    model = Transformer(ModelConfig(
+        src_vocab_size=vocab, tgt_vocab_size=vocab, num_hiddens=64, ffn_num_hiddens=128,
+        num_heads=4, num_encoder_layers=2, num_decoder_layers=2, dropout=0.0,
+        max_positions=128, norm_first=norm_first))
+    pairs = [(s + [EOS_ID], t + [EOS_ID]) for s, t in zip(tokenizer.encode_batch(src),
+                                                           tokenizer.encode_batch(tgt))
+             if len(s) < 40 and len(t) < 40]
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
+    loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID)
+    model.train()
+    for _ in range(steps):
+        batch = rng.sample(pairs, 48)
+        s_len, t_len = (max(len(p[i]) for p in batch) for i in (0, 1))
+        srcs = torch.tensor([s + [PAD_ID] * (s_len - len(s)) for s, _ in batch])
+        outs = torch.tensor([t + [PAD_ID] * (t_len - len(t)) for _, t in batch])
+        tgt_in = torch.cat([torch.full((48, 1), BOS_ID), outs[:, :-1]], 1)
+        tgt_in = tgt_in.masked_fill(tgt_in == EOS_ID, PAD_ID)
+        lens = torch.tensor([len(s) for s, _ in batch])
+        loss = loss_fn(model(srcs, lens, tgt_in).flatten(0, 1), outs.flatten())
+        opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    return model.eval()
+
+
+# ---- fixtures -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tokenizer(multi30k_tokenizer) -> Tokenizer:
+    return multi30k_tokenizer
+
+
+@pytest.fixture(scope="module")
+def test_text(multi30k_lines) -> tuple[list[str], list[str]]:
+    return multi30k_lines("test_2016_flickr.en.gz"), multi30k_lines("test_2016_flickr.de.gz")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tokenizer, multi30k_lines, tmp_path_factory) -> Path:
+    torch.set_num_threads(1)
+    model = train_en_de(tokenizer, multi30k_lines("train.en.gz"), multi30k_lines("train.de.gz"))
+    return save(model, tokenizer, tmp_path_factory.mktemp("en_de") / "checkpoint.pt",
+                decoding={"alpha": 1.0, "beam_size": 4})
+
+
+@pytest.fixture(scope="module")
+def torch_translator(checkpoint) -> Translator:
+    return Translator.load(checkpoint, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def exports(torch_translator, tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("exports")
+    for quantization in ("float32", "int8"):
+        export_ctranslate2(torch_translator, folder / quantization, quantization=quantization)
+    return {q: folder / q for q in ("float32", "int8")}
+
+
+@pytest.fixture(scope="module")
+def ct2(exports) -> dict[str, CTranslate2Translator]:
+    return {q: load_translator(path, "ctranslate2", device="cpu", threads=1)
+            for q, path in exports.items()}
+
+
+def same_fraction(a: list[str], b: list[str]) -> float:
+    assert len(a) == len(b)
+    return sum(x == y for x, y in zip(a, b)) / len(a)
+
+
+def bleu(hyps: list[str], refs: list[str]) -> float:
+    return sacrebleu.corpus_bleu(hyps, [refs]).score
+
+
+# ---- equivalence with our engine --------------------------------------------------------------
+
+def test_float32_greedy_is_our_greedy(torch_translator, ct2, test_text):
+    """Greedy search is the same argmax in both engines: >= 99% identical outputs (a flip
+    needs two logits within float rounding of each other), and the same log-probs."""
+    src, refs = test_text
+    ours = torch_translator.translate(src, beam_size=1, return_scores=True)
+    theirs = ct2["float32"].translate(src, beam_size=1, return_scores=True)
+    ours_text, theirs_text = [s[0][0] for s in ours], [s[0][0] for s in theirs]
+    assert same_fraction(ours_text, theirs_text) >= 0.99
+    assert 1.0 < bleu(ours_text, refs)  # a real (weak) model, not an empty output
+    for a, b in zip(ours, theirs):
+        if a[0][0] == b[0][0]:  # the same log-probs, also where the length limit cut it
+            assert b[0][1] == pytest.approx(a[0][1], rel=1e-3)
+
+
+def test_float32_beam_within_0_2_bleu(torch_translator, ct2, test_text):
+    """Beam 5, alpha 1 (GNMT): CTranslate2 searches by log-prob (length_penalty=0) and its
+    finished hypotheses are ranked by our GNMT score (see transformer/engines.py)."""
+    src, refs = test_text
+    ours = torch_translator.translate(src, beam_size=5, alpha=1.0)
+    theirs = ct2["float32"].translate(src, beam_size=5, alpha=1.0)
+    assert abs(bleu(theirs, refs) - bleu(ours, refs)) <= 0.2
+    assert same_fraction(ours, theirs) >= 0.9
+
+
+def test_int8_within_0_5_bleu_at_a_third_of_the_size(torch_translator, ct2, exports,
+                                                     test_text):
+    src, refs = test_text
+    ours = torch_translator.translate(src, beam_size=5, alpha=1.0)
+    int8 = ct2["int8"].translate(src, beam_size=5, alpha=1.0)
+    assert abs(bleu(int8, refs) - bleu(ours, refs)) <= 0.5
+    sizes = {q: (path / "model.bin").stat().st_size for q, path in exports.items()}
+    assert sizes["int8"] <= 0.4 * sizes["float32"]
+
+
+def test_nbest_scores_and_blank_lines_follow_our_conventions(torch_translator, ct2):
+    lines = ["A man rides a bike.", "", "Two dogs play in the snow.", "   "]
+    ours = torch_translator.translate(lines, beam_size=4, nbest=3, max_tokens=16)
+    theirs = ct2["float32"].translate(lines, beam_size=4, nbest=3, max_tokens=16)
+    assert [len(s) for s in theirs] == [3, 3, 3, 3]
+    assert theirs[1] == theirs[3] == [("", 0.0)] * 3
+    for s in theirs:
+        assert [score for _, score in s] == sorted((score for _, score in s), reverse=True)
+    # A translation both n-best lists hold has the same GNMT score in both.
+    common = [(score, dict(o)[text]) for s, o in zip(theirs, ours) for text, score in s
+              if text in dict(o) and text]
+    assert common
+    for score, our_score in common:
+        assert score == pytest.approx(our_score, rel=1e-3)
+    plain = ct2["float32"].translate(lines, beam_size=4)
+    assert plain == [s[0][0] for s in theirs]
+
+
+def test_export_keeps_tokenizer_decoding_defaults_and_languages(ct2, torch_translator,
+                                                                exports):
+    translator = ct2["float32"]
+    assert translator.engine == "ctranslate2" and torch_translator.engine == "torch"
+    assert translator.decoding == torch_translator.decoding  # stored alpha 1, beam 4
+    assert translator.tokenizers.src == torch_translator.tokenizers.src
+    assert translator.model_config == torch_translator.model.config
+    info, _ = read_export(exports["int8"])
+    assert info.quantization == "int8" and info.languages == {"src": "en", "tgt": "de"}
+
+
+def test_max_length_is_cut_per_sentence_as_ours(torch_translator, ct2, test_text):
+    """CTranslate2 gets one length limit per batch; each output is cut to its own."""
+    src = test_text[0][:40]
+    ours = torch_translator.translate(src, beam_size=1, max_len_a=0.0, max_len_b=3)
+    theirs = ct2["float32"].translate(src, beam_size=1, max_len_a=0.0, max_len_b=3)
+    assert same_fraction(ours, theirs) >= 0.97
+
+
+def test_pruned_checkpoint_exports_as_zero_heads(torch_translator, tokenizer, test_text,
+                                                 tmp_path):
+    """Layers left with different head counts: the removed heads are exported as zero
+    weights, which changes nothing."""
+    model = Transformer(torch_translator.model.config)
+    model.load_state_dict(torch_translator.model.state_dict())
+    model.prune_heads({"encoder.blks.0.attention": [1, 2], "decoder.blks.1.attention1": [0],
+                       "decoder.blks.0.attention2": [3]})
+    pruned = save(model, tokenizer, tmp_path / "pruned.pt")
+    assert export_script.main(["--checkpoint", str(pruned), "--output",
+                               str(tmp_path / "ct2")]) == 0
+    src = test_text[0][:100]
+    ours = Translator.load(pruned, device="cpu").translate(src, beam_size=1)
+    theirs = load_translator(tmp_path / "ct2", "ctranslate2", device="cpu").translate(
+        src, beam_size=1)
+    assert same_fraction(ours, theirs) >= 0.99
+    assert ours != torch_translator.translate(src, beam_size=1)  # pruning changed the model
+
+
+def test_averaged_checkpoints_export(checkpoint, torch_translator, tokenizer, test_text,
+                                     tmp_path):
+    torch.manual_seed(2)
+    other = save(Transformer(torch_translator.model.config), tokenizer, tmp_path / "other.pt")
+    assert export_script.main(["--checkpoint", str(checkpoint), str(other), "--output",
+                               str(tmp_path / "ct2")]) == 0
+    src = test_text[0][:50]
+    ours = Translator.load([checkpoint, other], device="cpu").translate(src, beam_size=1)
+    theirs = load_translator(tmp_path / "ct2", "ctranslate2", device="cpu").translate(
+        src, beam_size=1)
+    assert same_fraction(ours, theirs) >= 0.98
+    assert ours != torch_translator.translate(src, beam_size=1)  # the average is another model
+
+
+def test_pre_norm_model_exports(tokenizer, test_text, tmp_path):
+    torch.manual_seed(1)
+    model = Transformer(ModelConfig(
+        src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size,
+        num_hiddens=32, ffn_num_hiddens=64, num_heads=4, num_encoder_layers=2,
+        num_decoder_layers=2, max_positions=64, norm_first=True)).eval()
+    checkpoint = save(model, tokenizer, tmp_path / "pre.pt")
+    export_ctranslate2(Translator.load(checkpoint, device="cpu"), tmp_path / "ct2")
+    src = test_text[0][:30]
+    ours = Translator.load(checkpoint, device="cpu").translate(src, beam_size=1,
+                                                               return_scores=True)
+    theirs = load_translator(tmp_path / "ct2", "ctranslate2", device="cpu").translate(
+        src, beam_size=1, return_scores=True)
+    assert same_fraction([s[0][0] for s in ours], [s[0][0] for s in theirs]) >= 0.9
+    assert theirs[0][0][1] == pytest.approx(ours[0][0][1], rel=1e-3)
+
+
+# ---- scripts ------------------------------------------------------------------------------------
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_translate_script_engines_write_the_same_lines(checkpoint, exports, test_text,
+                                                       tmp_path, capsys):
+    lines = test_text[0][:20]
+    lines[3:3] = ["", "  "]
+    src = write_lines(tmp_path / "in.en", lines)
+    ref = write_lines(tmp_path / "ref.de", test_text[1][:20][:3] + ["", ""] + test_text[1][3:20])
+    outputs = {}
+    for engine, path in (("torch", checkpoint), ("ctranslate2", exports["float32"])):
+        out = tmp_path / f"{engine}.txt"
+        assert translate_script.main([
+            "--engine", engine, "--checkpoint", str(path), "--input", str(src), "--output",
+            str(out), "--beam-size", "1", "--chunk-lines", "7", "--max-tokens", "64",
+            "--threads", "1", "--device", "cpu", "--reference", str(ref)]) == 0
+        err = capsys.readouterr().err
+        assert "BLEU|nrefs:1|" in err and "decoding: beam 1" in err
+        outputs[engine] = out.read_text(encoding="utf-8").split("\n")
+    assert len(outputs["torch"]) == len(lines) + 1
+    assert outputs["ctranslate2"] == outputs["torch"]
+    assert outputs["torch"][3:5] == ["", ""]
+
+
+def test_translate_lines_accepts_either_engine(ct2, torch_translator, test_text):
+    import io
+
+    out = io.StringIO()
+    kept = translate_lines(ct2["float32"], iter(test_text[0][:9]), out, chunk_lines=4,
+                           keep=True, beam_size=1)
+    assert out.getvalue().splitlines() == kept
+    assert same_fraction(kept, torch_translator.translate(test_text[0][:9], beam_size=1)) >= 0.8
+
+
+def one_line_error(capsys, *needles: str) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+def test_export_script_errors_are_one_line(checkpoint, exports, tmp_path, capsys):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint" * 10)
+    assert export_script.main(["--checkpoint", str(bad), "--output", str(tmp_path / "o")]) == 1
+    one_line_error(capsys, str(bad))
+    assert not (tmp_path / "o").exists()
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    assert export_script.main(["--checkpoint", str(checkpoint), "--output",
+                               str(blocker / "ct2")]) == 1
+    one_line_error(capsys, "could not write", str(blocker / "ct2"))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    assert export_script.main(["--checkpoint", str(checkpoint), "--output",
+                               str(tmp_path / "other")]) == 1
+    one_line_error(capsys, "is not a CTranslate2 export")
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+    # An earlier export is replaced, complete.
+    again = tmp_path / "again"
+    for quantization in ("int8", "float32"):
+        assert export_script.main(["--checkpoint", str(checkpoint), "--output", str(again),
+                                   "--quantization", quantization]) == 0
+    assert json.loads((again / "transformer.json").read_text())["quantization"] == "float32"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_translate_script_ctranslate2_errors_are_one_line(checkpoint, tmp_path, capsys):
+    src = write_lines(tmp_path / "in.txt", ["Hallo"])
+    for path, needle in ((checkpoint, "is not a CTranslate2 export"),
+                         (tmp_path / "missing", "is not a CTranslate2 export")):
+        assert translate_script.main(["--engine", "ctranslate2", "--checkpoint", str(path),
+                                      "--input", str(src)]) == 1
+        one_line_error(capsys, needle)
+
+
+def test_missing_ctranslate2_says_how_to_install(checkpoint, exports, tmp_path, capsys,
+                                                 monkeypatch):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # `import ctranslate2` fails
+    with pytest.raises(ExportError, match=r"pip install -e '\.\[export\]'"):
+        load_translator(exports["float32"], "ctranslate2")
+    src = write_lines(tmp_path / "in.txt", ["Hallo"])
+    assert translate_script.main(["--engine", "ctranslate2", "--checkpoint",
+                                  str(exports["float32"]), "--input", str(src)]) == 1
+    one_line_error(capsys, "pip install -e '.[export]'")
+    assert export_script.main(["--checkpoint", str(checkpoint), "--output",
+                               str(tmp_path / "ct2")]) == 1
+    one_line_error(capsys, "pip install -e '.[export]'")
+    # Our engine needs no ctranslate2.
+    assert translate_script.main(["--checkpoint", str(checkpoint), "--input", str(src),
+                                  "--output", str(tmp_path / "out.txt"), "--device",
+                                  "cpu"]) == 0
