@@ -1,6 +1,6 @@
 """Serve a model: a JSON translation API and a page showing what each head attends to.
 
-    python scripts/serve.py --checkpoint RUN_DIR_OR_PT [--engine torch] [--host 127.0.0.1]
+    python scripts/serve.py --checkpoint RUN_DIR_OR_PT [--engine torch|ctranslate2] [--host 127.0.0.1]
         [--port 8000] [--threads N] [--device auto] [--access-log]
 
 Then open http://127.0.0.1:8000/ or POST to /translate and /attention (docs/USAGE.md). The
@@ -16,19 +16,20 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import torch
-
 from transformer.checkpoint import CheckpointError
+from transformer.engines import ENGINES, load_translator
+from transformer.export import ExportError
 from transformer.text import DataError
-from transformer.translator import Translator
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True, type=Path, metavar="RUN_DIR_OR_PT",
                    help="checkpoint file or run directory (its best checkpoint)")
-    p.add_argument("--engine", choices=["torch"], default="torch",
-                   help="what runs the model (attention maps need torch)")
+    p.add_argument("--engine", choices=ENGINES, default="torch",
+                   help="what runs the model: our PyTorch engine (a checkpoint or run "
+                        "directory) or CTranslate2 (a directory of scripts/export.py); "
+                        "attention maps need torch")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: this machine only)")
     p.add_argument("--port", type=int, default=8000)
@@ -38,11 +39,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_translator(args: argparse.Namespace) -> Translator:
-    """The translator to serve (the one place that knows about engines)."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    return Translator.load(args.checkpoint, device=args.device)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -59,8 +55,9 @@ def main(argv: Optional[list[str]] = None) -> int:
               file=sys.stderr)
         return 1
     try:
-        translator = load_translator(args)
-    except (CheckpointError, DataError, OSError) as e:
+        translator = load_translator(args.checkpoint, args.engine, device=args.device,
+                                     threads=args.threads)
+    except (CheckpointError, ExportError, DataError, OSError) as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 1
     uvicorn.run(create_app(translator), host=args.host, port=args.port,

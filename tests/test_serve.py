@@ -344,3 +344,22 @@ def test_script_accepts_only_known_engines_and_listens_locally_by_default():
         parser.parse_args(["--checkpoint", "x.pt", "--engine", "onnx"])
     args = parser.parse_args(["--checkpoint", "x.pt"])
     assert (args.engine, args.host, args.port) == ("torch", "127.0.0.1", 8000)
+
+
+def test_the_ctranslate2_engine_serves_translations_but_not_attention(random_checkpoint,
+                                                                      tmp_path):
+    """scripts/serve.py --engine ctranslate2: the same API over an exported model; its
+    answers are that engine's, /attention is refused (501) and /info says which engine."""
+    from transformer.engines import load_translator
+    from transformer.export import export_ctranslate2
+
+    export_ctranslate2(Translator.load(random_checkpoint, device="cpu"), tmp_path / "ct2")
+    ct2 = load_translator(tmp_path / "ct2", "ctranslate2", threads=1)
+    with TestClient(create_app(ct2)) as client:
+        response = client.post("/translate", json={"text": LINES, "beam_size": 2})
+        assert response.json() == {"translations": ct2.translate(LINES, beam_size=2)}
+        response = client.post("/attention", json={"text": "A dog."})
+        assert error_of(response, 501) is None and "torch engine" in response.json()["error"]
+        info = client.get("/info").json()
+        assert info["engine"] == "ctranslate2" and info["attention"] is False
+        assert info["model"]["num_heads"] == ct2.model_config.num_heads

@@ -325,12 +325,13 @@ def server_info(translator: TranslationEngine) -> dict[str, Any]:
     """What /info reports: engine, languages, model size and config, decoding defaults and
     the request limits. Fields an engine cannot tell are null."""
     data = (getattr(translator, "training_config", None) or {}).get("data") or {}
-    model = getattr(translator, "model", None)
+    model = translator.model if isinstance(translator, Translator) else None
+    config = getattr(translator, "model_config", None)  # both of our engines know it
     return {
         "engine": translator.engine,
         "languages": {"source": data.get("src_lang"), "target": data.get("tgt_lang")},
         "parameters": None if model is None else sum(p.numel() for p in model.parameters()),
-        "model": None if model is None else model.config.to_dict(),
+        "model": None if config is None else config.to_dict(),
         "decoding": asdict(translator.decoding),
         "attention": isinstance(translator, Translator),
         "limits": {"sentences": MAX_SENTENCES, "characters": MAX_CHARS,
