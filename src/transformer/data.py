@@ -37,8 +37,8 @@ from .text import DataError, iter_parallel, read_parallel
 from .tokenizer import Tokenizer, TokenizerPair
 from .vocabulary import existing_tokenizers, train_tokenizers
 
-__all__ = ["SplitFiles", "split_files", "resolve_files", "store_path", "split_store",
-           "Data", "load_data"]
+__all__ = ["SplitFiles", "split_files", "resolve_files", "store_path", "write_split_store",
+           "split_store", "Data", "load_data"]
 
 log = logging.getLogger(__name__)
 
@@ -183,8 +183,9 @@ class Data:
             raise ValueError("separate vocabularies: use data.tokenizers.src / .tgt")
         return self.tokenizers.src
 
-    def train_batches(self, epoch: int, rank: int = 0, world_size: int = 1) -> list[list[int]]:
-        """This rank's training batches for `epoch` (index lists for `self.train.collate`)."""
+    def train_batches(self, epoch: int, rank: int = 0,
+                      world_size: int = 1) -> list[np.ndarray]:
+        """This rank's training batches for `epoch` (index arrays for `self.train.collate`)."""
         return train_batches(
             self.train.src_lens, self.train.tgt_lens, self.cfg.max_tokens,
             seed=self.cfg.seed, epoch=epoch, rank=rank, world_size=world_size,
@@ -196,8 +197,9 @@ class Data:
         max_tokens: Optional[int] = None,
         rank: int = 0,
         world_size: int = 1,
-    ) -> list[list[int]]:
-        """Fixed-order batches of "valid" or "test" (index lists for that corpus's `collate`)."""
+    ) -> list[np.ndarray]:
+        """Fixed-order batches of "valid" or "test" (index arrays for that corpus's
+        `collate`)."""
         if split not in ("valid", "test"):
             raise ValueError(f"split must be 'valid' or 'test', got {split!r}")
         corpus = self.valid if split == "valid" else self.test
