@@ -18,7 +18,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from transformer.config import load_config  # also registers the schema with Hydra
+from transformer.config import load_config_or_exit  # also registers the schema with Hydra
 from transformer.data import load_data
 from transformer.files import WriteError
 from transformer.text import DataError
@@ -27,10 +27,7 @@ from transformer.train_log import setup_logging
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    try:
-        config = load_config(cfg)
-    except ValueError as e:  # a value out of range: name the key, no traceback
-        sys.exit(f"config error: {e}")
+    config = load_config_or_exit(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     cleanup = setup_logging(run_dir, rank=0)
     try:

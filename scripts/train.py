@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from transformer.checkpoint import CheckpointError
-from transformer.config import load_config  # also registers the schema with Hydra
+from transformer.config import load_config_or_exit  # also registers the schema with Hydra
 from transformer.files import WriteError
 from transformer.text import DataError
 from transformer.training import TrainingError, train
@@ -27,10 +27,7 @@ from transformer.training import TrainingError, train
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    try:
-        config = load_config(cfg)
-    except ValueError as e:  # a value out of range: name the key, no traceback
-        sys.exit(f"config error: {e}")
+    config = load_config_or_exit(cfg)
     try:
         train(config, HydraConfig.get().runtime.output_dir)
     except (TrainingError, CheckpointError, DataError, FileNotFoundError, WriteError) as e:

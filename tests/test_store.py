@@ -19,7 +19,7 @@ from transformer import data as data_module
 from transformer import text as text_module
 from transformer.batching import train_batches
 from transformer.config import DataConfig
-from transformer.data import SplitFiles, load_data, store_path, write_split_store
+from transformer.data import SplitFiles, load_data, store_path
 from transformer.store import ParallelCorpus, StoreWriter, id_dtype
 from transformer.text import DataError, iter_parallel, read_parallel
 from transformer.tokenizer import Tokenizer, TokenizerPair

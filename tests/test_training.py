@@ -273,17 +273,24 @@ def test_kill_mid_epoch_resumes_from_the_last_periodic_checkpoint(tmp_path, smal
     assert resumed.losses == straight.losses[done:]
 
 
-def test_smoke_experiment_with_data_files(tmp_path, multi30k_lines, small):
-    """experiment=smoke composes with data=files (the data issue's requirement)."""
-    paths = {}
-    for split, stem, n in (("train", "train", 200), ("valid", "val", 30)):
+def files_overrides(tmp_path: Path, multi30k_lines, train_pairs: int) -> list[str]:
+    """`data.*_src/_tgt=...` overrides for plain files holding the slice's first
+    `train_pairs` training and 30 validation pairs (en-de), for `data=files` runs."""
+    overrides = []
+    for split, stem, n in (("train", "train", train_pairs), ("valid", "val", 30)):
         for side, lang in (("src", "en"), ("tgt", "de")):
             path = tmp_path / f"{split}.{lang}"
             path.write_text("\n".join(multi30k_lines(f"{stem}.{lang}.gz")[:n]) + "\n")
-            paths[f"data.{split}_{side}"] = path
+            overrides.append(f"data.{split}_{side}={path}")
+    return overrides
+
+
+def test_smoke_experiment_with_data_files(tmp_path, multi30k_lines, small):
+    """experiment=smoke composes with data=files (the data issue's requirement)."""
+    paths = files_overrides(tmp_path, multi30k_lines, train_pairs=200)
     overrides = [o for o in small if not o.startswith("data.root")]
     cfg = compose_config(["experiment=smoke", "data=files", *overrides,
-                          *(f"{k}={v}" for k, v in paths.items()), "trainer.max_updates=2"])
+                          *paths, "trainer.max_updates=2"])
     assert cfg.data.name == "files" and cfg.trainer.max_epochs == 2  # from the preset
     result = train(cfg, tmp_path / "run")
     assert result.state.num_updates == 2
@@ -294,14 +301,9 @@ def test_large_experiment_on_data_files_validates_by_updates_only(tmp_path, mult
                                                                    spm_model):
     """experiment=large with data=files (a small model here): validation every N updates and
     at the end, never at epoch ends; checkpoint_last.pt in between."""
-    paths = {}
-    for split, stem, n in (("train", "train", 60), ("valid", "val", 30)):
-        for side, lang in (("src", "en"), ("tgt", "de")):
-            path = tmp_path / f"{split}.{lang}"
-            path.write_text("\n".join(multi30k_lines(f"{stem}.{lang}.gz")[:n]) + "\n")
-            paths[f"data.{split}_{side}"] = path
+    paths = files_overrides(tmp_path, multi30k_lines, train_pairs=60)
     cfg = compose_config(["experiment=large", "data=files",
-                          *(f"{k}={v}" for k, v in paths.items()),
+                          *paths,
                           f"data.spm_model={spm_model}", "data.vocab_size=500",
                           "data.max_tokens=512", "model.num_hiddens=32",
                           "model.ffn_num_hiddens=64", "model.num_heads=2",

@@ -10,6 +10,7 @@ value ranges (`optim.lr must be > 0, got -1.0`) before anything is trained.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
@@ -23,7 +24,8 @@ from .model import Hyperparameters, ModelConfig
 from .tokenizer import MODEL_TYPES
 
 __all__ = ["ModelSettings", "DataConfig", "OptimConfig", "TrainerConfig", "TrainConfig",
-           "load_config", "compose_config", "register_configs", "CONFIG_DIR"]
+           "load_config", "load_config_or_exit", "compose_config", "register_configs",
+           "CONFIG_DIR"]
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"  # the repository's configs/
 
@@ -297,6 +299,15 @@ def load_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
         return cfg
     merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg)  # types, unknown keys
     return OmegaConf.to_object(merged)  # runs every validate()
+
+
+def load_config_or_exit(cfg: DictConfig) -> TrainConfig:
+    """`load_config` for entry points: a bad value exits with one line naming the key
+    (`config error: optim.lr must be > 0, got -1.0`), without a traceback."""
+    try:
+        return load_config(cfg)
+    except ValueError as e:
+        sys.exit(f"config error: {e}")
 
 
 def compose_config(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -> TrainConfig:
