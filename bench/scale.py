@@ -35,6 +35,9 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from transformer import multi30k  # noqa: E402
+from transformer.text import read_lines  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
 TARGETS = {"prepare_s": 600, "prepare_rss": 2 * GIB, "bytes_per_token": 3.0,
@@ -42,15 +45,6 @@ TARGETS = {"prepare_s": 600, "prepare_rss": 2 * GIB, "bytes_per_token": 3.0,
 
 
 # ---- the synthetic corpus ------------------------------------------------------------------
-
-
-def read_multi30k(root: Path, split: str, lang: str) -> list[str]:
-    import gzip
-    path = root / f"{split}.{lang}.gz"
-    if not path.is_file():
-        path = root / f"{split}.{lang}"
-        return path.read_text(encoding="utf-8").splitlines()
-    return gzip.decompress(path.read_bytes()).decode("utf-8").splitlines()
 
 
 def synthesize(lines: list[str], n: int, seed: int, out: Path, chunk: int = 200_000) -> float:
@@ -88,13 +82,15 @@ def corpus(args: argparse.Namespace, n: int) -> dict[str, Path]:
     folder = Path(args.work) / f"n{n}"
     folder.mkdir(parents=True, exist_ok=True)
     files = {"train_src": folder / "train.en", "train_tgt": folder / "train.de",
-             "valid_src": root / "val.en.gz", "valid_tgt": root / "val.de.gz"}
+             "valid_src": multi30k.split_file(root, "valid", "en"),
+             "valid_tgt": multi30k.split_file(root, "valid", "de")}
     done = folder / "distinct.json"
     if not done.is_file():
         start = time.perf_counter()
         distinct = {}
         for key, lang, seed in (("train_src", "en", 1), ("train_tgt", "de", 2)):
-            distinct[lang] = synthesize(read_multi30k(root, "train", lang), n, seed, files[key])
+            lines = read_lines(multi30k.split_file(root, "train", lang))
+            distinct[lang] = synthesize(lines, n, seed, files[key])
         done.write_text(json.dumps(distinct))
         print(f"  built {n:,} pairs in {time.perf_counter() - start:.0f} s")
     distinct = json.loads(done.read_text())

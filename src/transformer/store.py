@@ -108,14 +108,18 @@ def _padded(flat: np.ndarray, lens: np.ndarray, *, bos: bool = False,
     front, optional EOS after the last piece, PAD_ID after that."""
     shift = int(bos)
     out = np.full((len(lens), int(lens.max()) + shift + int(eos)), PAD_ID, dtype=np.int64)
-    rows = np.repeat(np.arange(len(lens)), lens)
-    cols = np.arange(len(flat)) - np.repeat(np.cumsum(lens) - lens, lens) + shift
-    out[rows, cols] = flat
+    out[np.repeat(np.arange(len(lens)), lens), _positions_in_rows(lens) + shift] = flat
     if bos:
         out[:, 0] = BOS_ID
     if eos:
         out[np.arange(len(lens)), lens + shift] = EOS_ID
     return torch.from_numpy(out)
+
+
+def _positions_in_rows(lens: np.ndarray) -> np.ndarray:
+    """For rows of `lens[i]` values laid end to end, each value's position in its row:
+    lens [2, 3] -> [0, 1, 0, 1, 2]."""
+    return np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
 
 
 def _offsets(lengths: np.ndarray, start: int = 0) -> np.ndarray:
@@ -188,8 +192,9 @@ class ParallelCorpus:
     def __len__(self) -> int:
         return len(self.all_lines) if self.pairs is None else len(self.pairs)
 
-    def _sentences(self) -> np.ndarray:
-        return np.arange(len(self.all_lines)) if self.pairs is None else self.pairs
+    def _sentences(self, positions: np.ndarray) -> np.ndarray:
+        """The stored sentence numbers of this view's pairs `positions`."""
+        return positions if self.pairs is None else self.pairs[positions]
 
     @property
     def src_lens(self) -> np.ndarray:
@@ -219,8 +224,7 @@ class ParallelCorpus:
         lens = np.asarray(offsets[sentences + 1]) - starts
         if self.path is not None and len(ids):
             return _read_rows(self.path / f"{side}.bin", starts, lens, ids.dtype), lens
-        within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-        return ids[np.repeat(starts, lens) + within], lens
+        return ids[np.repeat(starts, lens) + _positions_in_rows(lens)], lens
 
     @property
     def lines(self) -> np.ndarray:
@@ -229,7 +233,7 @@ class ParallelCorpus:
 
     def pair(self, i: int) -> tuple[list[int], list[int]]:
         """Source and target pieces of pair i, as lists."""
-        j = int(self._sentences()[i])
+        j = int(self._sentences(np.asarray(i)))
         s, t = self.src_offsets, self.tgt_offsets
         return (self.src_ids[s[j]:s[j + 1]].tolist(), self.tgt_ids[t[j]:t[j + 1]].tolist())
 
@@ -238,7 +242,7 @@ class ParallelCorpus:
         keep = np.asarray(keep, dtype=bool)
         kept = np.flatnonzero(keep)
         view = ParallelCorpus(self.src_ids, self.src_offsets, self.tgt_ids, self.tgt_offsets,
-                              self.all_lines, self._sentences()[kept], path=self.path)
+                              self.all_lines, self._sentences(kept), path=self.path)
         if self.src_text is not None:
             view.src_text = [self.src_text[i] for i in kept]
             view.tgt_text = [self.tgt_text[i] for i in kept]
@@ -256,7 +260,7 @@ class ParallelCorpus:
         """The padded `Batch` of pairs `indices` (positions in this corpus)."""
         if len(indices) == 0:
             raise ValueError("cannot collate an empty batch")
-        sentences = self._sentences()[np.asarray(indices, dtype=np.int64)]
+        sentences = self._sentences(np.asarray(indices, dtype=np.int64))
         src, src_lens = self._rows("src", sentences)
         tgt, tgt_lens = self._rows("tgt", sentences)
         lines = (self.all_lines[sentences] if self.path is None else
