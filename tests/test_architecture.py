@@ -28,7 +28,7 @@ LAYERS = [
     {"model"},
     {"config", "checkpoint"},
     {"vocabulary"},
-    {"data", "search", "loss", "attention_maps"},
+    {"data", "search", "loss", "attention_maps", "vocab_map"},
     {"translator"},
     {"heads", "evaluation", "export", "serve"},
     {"training", "engines"},

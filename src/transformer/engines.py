@@ -24,6 +24,10 @@ How the CTranslate2 engine matches `search.beam_search`:
   search gives exactly our output; in beam search a hypothesis that runs past its limit may
   have beaten one that our search would have kept alive instead (rare).
 - PAD and BOS are never generated (suppressed), UNK may be, as ours.
+- An export with a vocabulary map (`vocab_map.py`, `scripts/export.py --vocab-map`) decodes
+  over the candidates of the batch's source pieces only (CTranslate2's `use_vmap`): faster,
+  but no longer our search over the whole vocabulary, and a sentence's output may depend on
+  the sentences batched with it.
 """
 
 from __future__ import annotations
@@ -102,7 +106,8 @@ class CTranslate2Translator(BaseTranslator):
             sources, beam_size=settings.beam_size, num_hypotheses=settings.beam_size,
             length_penalty=0.0, return_scores=True, max_input_length=0,
             max_batch_size=math.ceil(len(sources) / self.parallel),  # one part per thread
-            max_decoding_length=max(limits) + 1, suppress_sequences=NEVER_GENERATED)
+            max_decoding_length=max(limits) + 1, suppress_sequences=NEVER_GENERATED,
+            use_vmap=self.info.vocab_map is not None)
         candidates = [[(pieces[:limit], log_prob)
                        for pieces, log_prob in zip(result.hypotheses, result.scores)]
                       for result, limit in zip(results, limits)]

@@ -23,9 +23,10 @@ W_q, W_k, W_v and zero columns of W_o: CTranslate2 wants one head count per stac
 head adds nothing to W_o's output, so the translations are unchanged.
 
 The export directory holds `model.bin` and the vocabularies (CTranslate2's), the
-SentencePiece model(s), and `transformer.json` (`ExportInfo`): our model config, decoding
-defaults, language pair and quantization, so `engines.CTranslate2Translator` rebuilds
-everything `Translator` has. `ctranslate2` is an optional dependency (the `export` extra).
+SentencePiece model(s), `transformer.json` (`ExportInfo`): our model config, decoding
+defaults, language pair and quantization, and optionally `vmap.txt` (a vocabulary map,
+`vocab_map.py`: CTranslate2 then scores only its candidate target pieces), so
+`engines.CTranslate2Translator` rebuilds everything `Translator` has. `ctranslate2` is an optional dependency (the `export` extra).
 """
 
 from __future__ import annotations
@@ -47,14 +48,17 @@ from .model import ModelConfig, Transformer
 from .search import DecodingSettings
 from .tokenizer import Tokenizer, TokenizerPair
 from .translator import Translator
+from .vocab_map import VocabMap
 
-__all__ = ["ExportError", "QUANTIZATIONS", "EXPORT_INFO", "ExportInfo", "require_ctranslate2",
-           "transformer_spec", "export_ctranslate2", "read_export", "is_export"]
+__all__ = ["ExportError", "QUANTIZATIONS", "EXPORT_INFO", "VOCAB_MAP", "ExportInfo",
+           "require_ctranslate2", "transformer_spec", "export_ctranslate2", "read_export",
+           "is_export"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32")  # CPU weight types worth exporting
 EXPORT_INFO = "transformer.json"  # our metadata beside CTranslate2's model.bin
+VOCAB_MAP = "vmap.txt"  # the file name CTranslate2 looks for
 INSTALL_HINT = "pip install -e '.[export]' (or pip install 'ctranslate2>=4')"
 
 
@@ -84,6 +88,8 @@ class ExportInfo:
     training_config: Optional[dict[str, Any]] = None  # as the checkpoint recorded it
     format_version: int = 1
     languages: dict[str, Optional[str]] = field(default_factory=dict)  # "src"/"tgt" -> code
+    # vmap.txt's facts when the export has a vocabulary map (then CTranslate2 uses it)
+    vocab_map: Optional[dict[str, Any]] = None
 
     def model(self) -> ModelConfig:
         return ModelConfig.from_dict(self.model_config)
@@ -191,6 +197,16 @@ def transformer_spec(model: Transformer, tokenizers: TokenizerPair) -> Any:
     return spec
 
 
+def _halve_position_tables(spec: Any) -> None:
+    """Store the sinusoid tables in float16 (CTranslate2 converts them back to float32 on
+    loading): beside 8-bit weights their rounding (< 5e-4) is negligible, and a 1,024 x d
+    table left in float32 is a tenth of a small model's int8 file."""
+    for stack in (spec.encoder, spec.decoder):
+        table = stack.position_encodings.encodings
+        if not isinstance(table, str):  # a str is an alias of an identical table, saved once
+            stack.position_encodings.encodings = table.to("float16")
+
+
 def _pieces(tokenizer: Tokenizer) -> list[str]:
     return [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
 
@@ -203,10 +219,12 @@ def _languages(training_config: Optional[dict]) -> dict[str, Optional[str]]:
 
 
 def export_ctranslate2(translator: Translator, output: PathLike, *,
-                       quantization: str = "float32", source: str = "") -> ExportInfo:
+                       quantization: str = "float32", source: str = "",
+                       vocab_map: Optional[VocabMap] = None) -> ExportInfo:
     """Write `translator`'s model as a CTranslate2 model directory `output` (replacing an
     earlier export there; any other existing non-empty directory is refused). The directory
-    appears complete or not at all: it is built beside `output`, then renamed."""
+    appears complete or not at all: it is built beside `output`, then renamed. With a
+    `vocab_map` (`vocab_map.build_vocab_map`), CTranslate2 decodes over its candidates only."""
     if quantization not in QUANTIZATIONS:
         raise ExportError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, "
                           f"got {quantization!r}")
@@ -218,13 +236,19 @@ def export_ctranslate2(translator: Translator, output: PathLike, *,
     spec = transformer_spec(translator.model, translator.tokenizers)
     spec.validate()
     spec.optimize(quantization=quantization)
+    if quantization == "int8":
+        _halve_position_tables(spec)
     shared = translator.tokenizers.shared
     files = {"src": "spm.model", "tgt": "spm.model"} if shared else {
         "src": "source.spm.model", "tgt": "target.spm.model"}
     info = ExportInfo(model_config=translator.model.config.to_dict(),
                       decoding=asdict(translator.decoding), quantization=quantization,
                       tokenizer=files, source=source, training_config=translator.training_config,
-                      languages=_languages(translator.training_config))
+                      languages=_languages(translator.training_config),
+                      vocab_map=None if vocab_map is None else {
+                          "file": VOCAB_MAP, "pairs": vocab_map.pairs,
+                          "always": len(vocab_map.always),
+                          "source_pieces": len(vocab_map.candidates)})
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         build = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp"))
@@ -236,6 +260,8 @@ def export_ctranslate2(translator: Translator, output: PathLike, *,
         translator.tokenizers.src.save(build / files["src"])
         if not shared:
             translator.tokenizers.tgt.save(build / files["tgt"])
+        if vocab_map is not None:
+            vocab_map.write(build / VOCAB_MAP)
         with atomic_write(build / EXPORT_INFO, text=True) as f:
             json.dump(asdict(info), f, indent=2, default=str)
         _replace_directory(build, output)
