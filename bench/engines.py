@@ -12,7 +12,7 @@ settings (beam 5, the checkpoint's alpha, max length 1.5 * source + 10, batches 
 --max-tokens source tokens); see transformer/engines.py for how the searches are matched.
 
     python bench/engines.py [--checkpoint RUN_OR_PT] [--data-root DIR] [--threads 1 2]
-                            [--sentences 1000] [--repeats 2] [--profile]
+                            [--sentences 1000] [--repeats 3] [--profile]
 
 `--profile` also prints where our engine's time goes (torch.profiler, operators by self CPU
 time, at the smallest thread count: the least disturbed by other processes). Needs `ctranslate2` (pip install -e '.[export]').
@@ -120,7 +120,7 @@ def main() -> None:
                         help="folder of the Multi30k files (default: the download cache)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--sentences", type=int, default=1000)
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs; the best counts")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs; the best counts")
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)

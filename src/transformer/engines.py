@@ -50,6 +50,7 @@ __all__ = ["ENGINES", "CTranslate2Translator", "load_translator"]
 PathLike = Union[str, "os.PathLike[str]"]
 ENGINES = ("torch", "ctranslate2")
 NEVER_GENERATED = [["<pad>"], ["<s>"]]  # as search._next_log_probs masks PAD and BOS
+SUB_BATCH_TOKENS = 512  # measured on 2 threads: docs/RESULTS.md, "Engines"
 
 
 class CTranslate2Translator(BaseTranslator):
@@ -60,9 +61,8 @@ class CTranslate2Translator(BaseTranslator):
 
     def __init__(self, directory: PathLike, *, device: str = "cpu",
                  threads: Optional[int] = None):
-        """`device`: "cpu", "cuda" or "auto"; `threads`: CPU threads, used as that many
-        sub-batches decoded in parallel, one thread each (CTranslate2's `inter_threads`;
-        None: its defaults). Splitting each operation over threads instead
+        """`device`: "cpu", "cuda" or "auto"; `threads`: CPU threads, each decoding its own
+        sub-batches of every batch (CTranslate2's `inter_threads`; None: one thread). Splitting each operation over threads instead
         (`intra_threads`) made a small model 2.8x slower at 2 threads on our CPU, while
         parallel sub-batches made it 1.9x faster (docs/RESULTS.md)."""
         ctranslate2 = require_ctranslate2()
@@ -105,7 +105,7 @@ class CTranslate2Translator(BaseTranslator):
         results = self.model.translate_batch(
             sources, beam_size=settings.beam_size, num_hypotheses=settings.beam_size,
             length_penalty=0.0, return_scores=True, max_input_length=0,
-            max_batch_size=math.ceil(len(sources) / self.parallel),  # one part per thread
+            max_batch_size=self._sub_batch_tokens(batch), batch_type="tokens",
             max_decoding_length=max(limits) + 1, suppress_sequences=NEVER_GENERATED,
             use_vmap=self.info.vocab_map is not None)
         candidates = [[(pieces[:limit], log_prob)
@@ -113,6 +113,14 @@ class CTranslate2Translator(BaseTranslator):
                       for result, limit in zip(results, limits)]
         self._rescore_cut(sources, candidates, limits)
         return [self._ranked(hyps, settings.alpha, nbest) for hyps in candidates]
+
+    def _sub_batch_tokens(self, batch: Sequence[Sequence[int]]) -> int:
+        """CTranslate2 splits each batch into sub-batches of at most this many (padded)
+        source tokens and spreads them over its threads: small ones, so that the threads
+        share the work evenly and a vocabulary map's union of candidates stays small, but
+        at least one per thread."""
+        padded = len(batch) * max(len(ids) for ids in batch)
+        return max(1, min(SUB_BATCH_TOKENS, math.ceil(padded / self.parallel)))
 
     def _rescore_cut(self, sources: list[list[str]],
                      candidates: list[list[tuple[list[str], float]]], limits: list[int]) -> None:
