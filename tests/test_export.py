@@ -410,12 +410,13 @@ def mapped_exports(torch_translator, multi30k_dir, tmp_path_factory) -> dict[str
 def test_a_map_of_every_piece_changes_nothing(ct2, mapped_exports, test_text):
     """vmap.txt is read and used (use_vmap), and scoring all of its candidates is scoring
     the whole vocabulary (the same outputs; scores up to float rounding: the projection is
-    then a matrix of the candidates' rows)."""
+    then a matrix of the candidates' rows). One sentence a batch: with a map the engine cuts
+    batches into smaller sub-batches, which would pad differently."""
     everything = load_translator(mapped_exports["everything"], "ctranslate2", threads=1)
     assert everything.info.vocab_map["always"] > 1000
     src = test_text[0][:100]
-    mapped = everything.translate(src, beam_size=4, return_scores=True)
-    unmapped = ct2["int8"].translate(src, beam_size=4, return_scores=True)
+    mapped = everything.translate(src, beam_size=4, return_scores=True, max_tokens=1)
+    unmapped = ct2["int8"].translate(src, beam_size=4, return_scores=True, max_tokens=1)
     assert [hyps[0][0] for hyps in mapped] == [hyps[0][0] for hyps in unmapped]
     for a, b in zip(mapped, unmapped):
         assert a[0][1] == pytest.approx(b[0][1], rel=1e-5)

@@ -50,7 +50,10 @@ __all__ = ["ENGINES", "CTranslate2Translator", "load_translator"]
 PathLike = Union[str, "os.PathLike[str]"]
 ENGINES = ("torch", "ctranslate2")
 NEVER_GENERATED = [["<pad>"], ["<s>"]]  # as search._next_log_probs masks PAD and BOS
-SUB_BATCH_TOKENS = 512  # measured on 2 threads: docs/RESULTS.md, "Engines"
+# Source tokens per CTranslate2 sub-batch (measured: docs/RESULTS.md, "Engines"): larger
+# ones make larger matrix products; with a vocabulary map, smaller ones score fewer candidates.
+SUB_BATCH_TOKENS = 1024
+MAPPED_SUB_BATCH_TOKENS = 256
 
 
 class CTranslate2Translator(BaseTranslator):
@@ -62,9 +65,10 @@ class CTranslate2Translator(BaseTranslator):
     def __init__(self, directory: PathLike, *, device: str = "cpu",
                  threads: Optional[int] = None):
         """`device`: "cpu", "cuda" or "auto"; `threads`: CPU threads, each decoding its own
-        sub-batches of every batch (CTranslate2's `inter_threads`; None: one thread). Splitting each operation over threads instead
-        (`intra_threads`) made a small model 2.8x slower at 2 threads on our CPU, while
-        parallel sub-batches made it 1.9x faster (docs/RESULTS.md)."""
+        sub-batches of every batch (CTranslate2's `inter_threads`; None: one thread).
+        Splitting each operation over threads instead (`intra_threads`) made a small model
+        2.8x slower at 2 threads on our CPU, while parallel sub-batches made it 1.9x faster
+        (docs/RESULTS.md)."""
         ctranslate2 = require_ctranslate2()
         info, tokenizers = read_export(directory)
         super().__init__(tokenizers, decoding=info.decoding_settings(),
@@ -116,11 +120,11 @@ class CTranslate2Translator(BaseTranslator):
 
     def _sub_batch_tokens(self, batch: Sequence[Sequence[int]]) -> int:
         """CTranslate2 splits each batch into sub-batches of at most this many (padded)
-        source tokens and spreads them over its threads: small ones, so that the threads
-        share the work evenly and a vocabulary map's union of candidates stays small, but
-        at least one per thread."""
+        source tokens, which its threads take in turn: several per batch, so that the
+        threads share the work evenly, and at least one per thread."""
         padded = len(batch) * max(len(ids) for ids in batch)
-        return max(1, min(SUB_BATCH_TOKENS, math.ceil(padded / self.parallel)))
+        limit = MAPPED_SUB_BATCH_TOKENS if self.info.vocab_map else SUB_BATCH_TOKENS
+        return max(1, min(limit, math.ceil(padded / self.parallel)))
 
     def _rescore_cut(self, sources: list[list[str]],
                      candidates: list[list[tuple[list[str], float]]], limits: list[int]) -> None:

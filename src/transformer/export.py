@@ -26,7 +26,8 @@ The export directory holds `model.bin` and the vocabularies (CTranslate2's), the
 SentencePiece model(s), `transformer.json` (`ExportInfo`): our model config, decoding
 defaults, language pair and quantization, and optionally `vmap.txt` (a vocabulary map,
 `vocab_map.py`: CTranslate2 then scores only its candidate target pieces), so
-`engines.CTranslate2Translator` rebuilds everything `Translator` has. `ctranslate2` is an optional dependency (the `export` extra).
+`engines.CTranslate2Translator` rebuilds everything `Translator` has. `ctranslate2` is an
+optional dependency (the `export` extra).
 """
 
 from __future__ import annotations
