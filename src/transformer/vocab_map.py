@@ -66,26 +66,36 @@ def build_vocab_map(tokenizers: TokenizerPair, src_path: PathLike, tgt_path: Pat
     text, _ = sample_pairs(iter_parallel(src_path, tgt_path, split="train"), max_pairs, seed)
     src_ids = [_pieces_of(ids) for ids in tokenizers.src.encode_batch(text.src)]
     tgt_ids = [_pieces_of(ids) for ids in tokenizers.tgt.encode_batch(text.tgt)]
-    tgt_vocab = tokenizers.tgt.vocab_size
-    tgt_frequency = np.bincount(np.concatenate(tgt_ids + [np.zeros(0, np.int64)]),
-                                minlength=tgt_vocab)
-    most_frequent = np.argsort(-tgt_frequency, kind="stable")[:always]
-    most_frequent = most_frequent[tgt_frequency[most_frequent] > 0]
-    pair_keys, pair_counts = _cooccurrences(src_ids, tgt_ids, tgt_vocab)
-    sources, targets = pair_keys // tgt_vocab, pair_keys % tgt_vocab
-    # A source piece's slots go to pieces that are not candidates anyway, most
-    # co-occurrences first (for a fixed source piece that is p(t | s) order).
-    keep = ~np.isin(targets, most_frequent) & (pair_counts >= MIN_PAIRS)
-    sources, targets, pair_counts = sources[keep], targets[keep], pair_counts[keep]
-    order = np.lexsort((targets, -pair_counts, sources))
+    frequent = _most_frequent(tgt_ids, tokenizers.tgt.vocab_size, always)
+    by_source = _likeliest_targets(src_ids, tgt_ids, tokenizers.tgt.vocab_size,
+                                   per_source=per_source, left_out=frequent)
+    src_piece, tgt_piece = tokenizers.src.id_to_piece, tokenizers.tgt.id_to_piece
+    return VocabMap([tgt_piece(t) for t in frequent],
+                    {src_piece(s): [tgt_piece(t) for t in targets]
+                     for s, targets in by_source.items()}, len(text))
+
+
+def _most_frequent(tgt_ids: list[np.ndarray], tgt_vocab: int, n: int) -> list[int]:
+    """The `n` target pieces found in the most pairs (ties: lower id first)."""
+    frequency = np.bincount(np.concatenate(tgt_ids + [np.zeros(0, np.int64)]),
+                            minlength=tgt_vocab)
+    return [int(t) for t in np.argsort(-frequency, kind="stable")[:n] if frequency[t] > 0]
+
+
+def _likeliest_targets(src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], tgt_vocab: int, *,
+                       per_source: int, left_out: list[int]) -> dict[int, list[int]]:
+    """Source piece -> its `per_source` target pieces of highest p(t | s), that is, found
+    with it in the most pairs (at least MIN_PAIRS; ties: lower id first), `left_out` left out."""
+    keys, counts = _cooccurrences(src_ids, tgt_ids, tgt_vocab)
+    sources, targets = keys // tgt_vocab, keys % tgt_vocab
+    keep = ~np.isin(targets, left_out) & (counts >= MIN_PAIRS)
+    sources, targets, counts = sources[keep], targets[keep], counts[keep]
+    order = np.lexsort((targets, -counts, sources))  # by source, then most pairs first
     sources, targets = sources[order], targets[order]
     starts = np.flatnonzero(np.r_[True, sources[1:] != sources[:-1]]) if len(sources) else []
-    ends = np.r_[starts[1:], len(sources)]
-    candidates = {tokenizers.src.id_to_piece(int(sources[a])):
-                  [tokenizers.tgt.id_to_piece(int(t)) for t in targets[a:min(b, a + per_source)]]
-                  for a, b in zip(starts, ends)}
-    return VocabMap([tokenizers.tgt.id_to_piece(int(t)) for t in most_frequent], candidates,
-                    len(text))
+    ends = np.r_[starts[1:], len(sources)].astype(np.int64)
+    return {int(sources[a]): targets[a:min(b, a + per_source)].tolist()
+            for a, b in zip(starts, ends)}
 
 
 def _pieces_of(ids: list[int]) -> np.ndarray:
