@@ -352,6 +352,7 @@ def test_the_ctranslate2_engine_serves_translations_but_not_attention(random_che
     answers are that engine's, /attention is refused (501) and /info says which engine."""
     from transformer.engines import load_translator
     from transformer.export import export_ctranslate2
+    from transformer.vocab_map import VocabMap
 
     export_ctranslate2(Translator.load(random_checkpoint, device="cpu"), tmp_path / "ct2")
     ct2 = load_translator(tmp_path / "ct2", "ctranslate2", threads=1)
@@ -363,3 +364,10 @@ def test_the_ctranslate2_engine_serves_translations_but_not_attention(random_che
         info = client.get("/info").json()
         assert info["engine"] == "ctranslate2" and info["attention"] is False
         assert info["model"]["num_heads"] == ct2.model_config.num_heads
+        assert info["vocab_map"] is None  # exported without one
+    mapped = tmp_path / "ct2-vmap"
+    export_ctranslate2(Translator.load(random_checkpoint, device="cpu"), mapped,
+                       vocab_map=VocabMap(["▁a"], {"▁a": ["▁b"]}, pairs=1))
+    with TestClient(create_app(load_translator(mapped, "ctranslate2", threads=1))) as client:
+        assert client.get("/info").json()["vocab_map"] == {
+            "file": "vmap.txt", "pairs": 1, "always": 1, "source_pieces": 1}

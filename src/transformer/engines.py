@@ -76,6 +76,7 @@ class CTranslate2Translator(BaseTranslator):
         self.directory = Path(directory)
         self.info = info
         self.model_config = info.model()
+        self.vocab_map = info.vocab_map  # vmap.txt's facts, or None: the whole vocabulary
         self.device, index = _ct2_device(device)
         try:
             self.model = ctranslate2.Translator(str(directory), device=self.device,
@@ -111,7 +112,7 @@ class CTranslate2Translator(BaseTranslator):
             length_penalty=0.0, return_scores=True, max_input_length=0,
             max_batch_size=self._sub_batch_tokens(batch), batch_type="tokens",
             max_decoding_length=max(limits) + 1, suppress_sequences=NEVER_GENERATED,
-            use_vmap=self.info.vocab_map is not None)
+            use_vmap=self.vocab_map is not None)
         candidates = [[(pieces[:limit], log_prob)
                        for pieces, log_prob in zip(result.hypotheses, result.scores)]
                       for result, limit in zip(results, limits)]
@@ -123,7 +124,7 @@ class CTranslate2Translator(BaseTranslator):
         source tokens, which its threads take in turn: several per batch, so that the
         threads share the work evenly, and at least one per thread."""
         padded = len(batch) * max(len(ids) for ids in batch)
-        limit = MAPPED_SUB_BATCH_TOKENS if self.info.vocab_map else SUB_BATCH_TOKENS
+        limit = MAPPED_SUB_BATCH_TOKENS if self.vocab_map else SUB_BATCH_TOKENS
         return max(1, min(limit, math.ceil(padded / self.parallel)))
 
     def _rescore_cut(self, sources: list[list[str]],

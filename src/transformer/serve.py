@@ -334,6 +334,8 @@ def server_info(translator: TranslationEngine) -> dict[str, Any]:
         "model": None if config is None else config.to_dict(),
         "decoding": asdict(translator.decoding),
         "attention": isinstance(translator, Translator),
+        # an export's vocabulary map: outputs then depend on the requests batched together
+        "vocab_map": getattr(translator, "vocab_map", None),
         "limits": {"sentences": MAX_SENTENCES, "characters": MAX_CHARS,
                    "source_tokens": getattr(translator, "max_source_tokens", None),
                    "beam_size": MAX_BEAM, "body_bytes": MAX_BODY_BYTES},
