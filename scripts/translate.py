@@ -105,7 +105,10 @@ def run(args: argparse.Namespace) -> None:
                                  threads=args.threads)
     settings = translator.settings(beam_size=args.beam_size, alpha=args.alpha,
                                    max_len_a=args.max_len_a, max_len_b=args.max_len_b)
-    print(f"decoding: {_describe(settings, translator.decoding, args)}", file=sys.stderr)
+    mapped = getattr(translator, "vocab_map", None)  # CTranslate2 exports may have one
+    print(f"decoding: {_describe(settings, translator.decoding, args)}"
+          + (f", over the candidates of a vocabulary map ({mapped['source_pieces']:,} source "
+             f"pieces)" if mapped else ""), file=sys.stderr)
     if args.nbest > settings.beam_size:
         raise DataError(f"--nbest {args.nbest} is larger than the beam size "
                         f"{settings.beam_size}")
