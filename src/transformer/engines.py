@@ -76,7 +76,6 @@ class CTranslate2Translator(BaseTranslator):
         self.directory = Path(directory)
         self.info = info
         self.model_config = info.model()
-        self.vocab_map = info.vocab_map  # vmap.txt's facts, or None: the whole vocabulary
         self.device, index = _ct2_device(device)
         try:
             self.model = ctranslate2.Translator(str(directory), device=self.device,
@@ -88,6 +87,11 @@ class CTranslate2Translator(BaseTranslator):
                               f"{str(e).splitlines()[0] if str(e) else e!r}") from e
         self._src_pieces = _pieces(tokenizers, "src")
         self._tgt_ids = {piece: i for i, piece in enumerate(_pieces(tokenizers, "tgt"))}
+
+    @property
+    def vocab_map(self) -> Optional[dict]:
+        """vmap.txt's counts (`ExportInfo.vocab_map`), or None: the whole vocabulary."""
+        return self.info.vocab_map
 
     def _search(self, sources: list[list[int]], settings: DecodingSettings, *, nbest: int,
                 max_tokens: int, use_cache: bool,
