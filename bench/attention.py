@@ -21,9 +21,9 @@ import sys
 import time
 
 import torch
+from memory import reset_peak_rss, status_mib  # bench/memory.py
 from torch import nn
 
-from memory import reset_peak_rss, status_mib  # bench/memory.py
 from transformer.attention import MultiHeadAttention
 
 SHAPES = {"short": (64, 32, 256, 4), "long": (4, 1024, 512, 8)}  # batch, len, hiddens, heads
@@ -32,7 +32,8 @@ SHAPES = {"short": (64, 32, 256, 4), "long": (4, 1024, 512, 8)}  # batch, len, h
 # --- (b) the book's naive multi-head attention, as written in Dive into Deep Learning ----
 def book_sequence_mask(X, valid_len, value=0):
     maxlen = X.size(1)
-    mask = torch.arange((maxlen), dtype=torch.float32, device=X.device)[None, :] < valid_len[:, None]
+    positions = torch.arange(maxlen, dtype=torch.float32, device=X.device)
+    mask = positions[None, :] < valid_len[:, None]
     X[~mask] = value
     return X
 
@@ -103,13 +104,13 @@ def make_step(kind: str, shape: tuple[int, int, int, int]):
     pad = torch.arange(length)[None, :] >= valid_lens[:, None]
     if kind == "ours":
         module = MultiHeadAttention(d, d, d, d, heads, 0.0, bias=True)
-        forward = lambda: module(X, X, X, valid_lens)  # noqa: E731
+        forward = lambda: module(X, X, X, valid_lens)
     elif kind == "book":
         module = BookMultiHeadAttention(d, heads, 0.0, bias=True)
-        forward = lambda: module(X, X, X, valid_lens)  # noqa: E731
+        forward = lambda: module(X, X, X, valid_lens)
     elif kind == "torch":
         module = nn.MultiheadAttention(d, heads, bias=True, batch_first=True)
-        forward = lambda: module(X, X, X, key_padding_mask=pad, need_weights=False)[0]  # noqa: E731
+        forward = lambda: module(X, X, X, key_padding_mask=pad, need_weights=False)[0]
     else:
         raise ValueError(kind)
     module.train()

@@ -29,9 +29,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer.attention import MultiHeadAttention
 from transformer.config import compose_config
+from transformer.loss import LabelSmoothedLoss
 from transformer.model import ModelConfig, Transformer
 from transformer.ops import linear_label_smoothed_cross_entropy
-from transformer.loss import LabelSmoothedLoss
 from transformer.translator import Translator
 
 FAILED: list[str] = []
@@ -120,7 +120,8 @@ def check_model_and_loss(device: torch.device) -> None:
             loss = linear_label_smoothed_cross_entropy(h, W, t, 0.1)
         grads = torch.autograd.grad(loss, (h, W))
         rel_loss = abs(loss.item() - ref_loss.item()) / ref_loss.item()
-        rel_grad = max(max_diff(g, r) / r.abs().max().item() for g, r in zip(grads, ref_grads))
+        rel_grad = max(max_diff(g, r) / r.abs().max().item()
+                       for g, r in zip(grads, ref_grads, strict=True))
         label = "bf16 autocast" if dtype else "float32"
         check(f"fused loss, {label} == CrossEntropyLoss(label_smoothing=0.1)",
               rel_loss <= tol and rel_grad <= 10 * tol,
@@ -178,7 +179,7 @@ def check_translation(device: torch.device, checkpoint: Path, src: Path, hyp: Pa
     start = time.perf_counter()
     out = translator.translate(lines, beam_size=5, alpha=alpha)
     seconds = time.perf_counter() - start
-    same = sum(a == b for a, b in zip(out, reference))
+    same = sum(a == b for a, b in zip(out, reference, strict=True))
     check(f"beam 5 on {device.type} reproduces the CPU hypotheses", same >= 0.99 * len(lines),
           f"{same}/{len(lines)} identical; {len(lines) / seconds:.0f} sentences/s")
 

@@ -14,18 +14,18 @@ import time
 
 START = time.perf_counter()
 
-import argparse  # noqa: E402
-import itertools  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import itertools
+import shutil
+import tempfile
+from pathlib import Path
 
-from transformer.batching import padding_ratio  # noqa: E402
-from transformer.config import DataConfig  # noqa: E402
-from transformer.data import load_data, resolve_files  # noqa: E402
-from transformer.multi30k import DEFAULT_ROOT  # noqa: E402
-from transformer.text import read_parallel  # noqa: E402
-from transformer.tokenizer import Tokenizer  # noqa: E402
+from transformer.batching import padding_ratio
+from transformer.config import DataConfig
+from transformer.data import load_data, resolve_files
+from transformer.multi30k import DEFAULT_ROOT
+from transformer.text import read_parallel
+from transformer.tokenizer import Tokenizer
 
 IMPORT_S = time.perf_counter() - START
 CACHED_TARGET_S = 2.0

@@ -32,13 +32,13 @@ import time
 from pathlib import Path
 
 import torch
-
 from memory import reset_peak_rss, status_mib  # bench/memory.py
+
 from transformer.model import ModelConfig, Transformer
 from transformer.multi30k import DEFAULT_ROOT, download_multi30k
+from transformer.search import DEFAULT_MAX_TOKENS
 from transformer.text import read_lines
 from transformer.tokenizer import EOS_ID, Tokenizer, TokenizerPair
-from transformer.search import DEFAULT_MAX_TOKENS
 from transformer.translator import Translator
 
 SMALL = dict(num_hiddens=256, ffn_num_hiddens=1024, num_heads=4, num_encoder_layers=3,

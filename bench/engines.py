@@ -33,8 +33,8 @@ from pathlib import Path
 
 import sacrebleu
 import torch
-
 from memory import reset_peak_rss, status_mib  # bench/memory.py
+
 from transformer.engines import load_translator
 from transformer.export import VOCAB_MAP, export_ctranslate2
 from transformer.multi30k import DEFAULT_ROOT, download_multi30k
@@ -44,7 +44,8 @@ from transformer.translator import Translator
 from transformer.vocab_map import DEFAULT_PER_SOURCE, build_vocab_map
 
 # a trained model beside the repository (../runs/ref: the recipe run for 10 minutes)
-DEFAULT_CHECKPOINT = str(Path(__file__).resolve().parents[2] / "runs/ref/checkpoints/checkpoint_best.pt")
+DEFAULT_CHECKPOINT = str(Path(__file__).resolve().parents[2]
+                         / "runs/ref/checkpoints/checkpoint_best.pt")
 MAPPED = "ct2 int8 + vmap"
 # name -> export (quantization, with a vocabulary map)
 ENGINES = {"torch": None, "ct2 float32": ("float32", False),
@@ -174,7 +175,8 @@ def main() -> None:
     speed = {key: args.sentences / r["seconds"] for key, r in results.items()}
     for (threads, name), r in results.items():
         print(f"{name:<20}{threads:>8}{speed[threads, name]:>9.1f}"
-              f"{r['tokens'] / r['seconds']:>9.0f}{speed[threads, name] / speed[threads, 'torch']:>9.2f}"
+              f"{r['tokens'] / r['seconds']:>9.0f}"
+              f"{speed[threads, name] / speed[threads, 'torch']:>9.2f}"
               f"{r['peak_rss_mib']:>14.0f}{sizes[name] / 2**20:>10.1f}{bleu[threads, name]:>7.2f}")
     print("size: our checkpoint file (weights + optimizer state), CTranslate2's model.bin; "
           f"the vocabulary map (vmap.txt, {map_size / 2**20:.2f} MiB beside model.bin): "
@@ -190,7 +192,7 @@ def main() -> None:
         ratio = speed[top, name] / speed[top, "torch"]
         print(f"{'PASS' if ratio >= target else 'FAIL'}  {name} >= {target:g}x our "
               f"sentences/s at {top} thread(s): {ratio:.2f}x")
-    for name in FLOAT32:  # the export issue's test: beam search within 0.2 BLEU of ours
+    for name in FLOAT32:  # beam search within 0.2 BLEU of ours
         delta = bleu[top, name] - bleu[top, "torch"]
         print(f"{'PASS' if abs(delta) <= FLOAT32_MAX_BLEU_DIFF else 'FAIL'}  {name} BLEU "
               f"within {FLOAT32_MAX_BLEU_DIFF} of ours: {delta:+.2f}")

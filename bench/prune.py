@@ -24,7 +24,6 @@ import csv
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import sacrebleu
 import torch
@@ -80,7 +79,7 @@ def plot(rows: list[dict], path: Path) -> None:
     figure.savefig(path, dpi=150)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     base = Translator.load(args.checkpoint, args.device)

@@ -16,8 +16,8 @@ drawn from that side's word frequencies, so lengths and vocabulary stay Multi30k
   RSS, and target tokens/s over the updates after the first 10.
 
 Peak RSS is the kernel's (`ru_maxrss` of each child): it counts the store's mapped pages
-the process touched, which the page cache shares between processes. The targets of the scale
-issue are checked at the end against the N = 29,000 run of the same benchmark run.
+the process touched, which the page cache shares between processes. The targets (TARGETS
+below) are checked at the end against the N = 29,000 run of the same benchmark run.
 """
 
 from __future__ import annotations
@@ -26,17 +26,17 @@ import time
 
 START = time.perf_counter()  # a training child's start-up counts from here
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from collections import Counter  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from transformer import multi30k  # noqa: E402
-from transformer.text import read_lines  # noqa: E402
+from transformer import multi30k
+from transformer.text import read_lines
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1 << 30

@@ -5,8 +5,8 @@ clients, each sending single sentences of test_2016_flickr (en) to POST /transla
 another over a kept-alive connection, until --max-requests answers or --max-seconds (the
 run stops by itself). A warm-up runs every setting briefly first (4 requests per client, not
 counted), so the measured run starts with the server's working set for every batch size
-(RSS "start" is before it). Prints per setting: requests, errors (any answer other than a 200 with one
-translation), p50/p95 latency, sentences/s and the mean batch the server formed (its
+(RSS "start" is before it). Prints per setting: requests, errors (any answer other than a 200
+with one translation), p50/p95 latency, sentences/s and the mean batch the server formed (its
 /health counters); then the 32-vs-1 throughput ratio (target >= 5x: concurrent clients
 share batches) and the server's RSS at the start (loaded, idle), at the end of the first
 quarter of the measured requests and at the end (target: <= 5% growth from the quarter to

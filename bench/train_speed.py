@@ -38,21 +38,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
+from memory import status_mib  # bench/memory.py
 from torch import Tensor, nn
 
-from memory import status_mib  # bench/memory.py
-from transformer.config import compose_config
-from transformer.config import DataConfig
+from transformer.config import DataConfig, compose_config
 from transformer.data import Data, load_data
-from transformer.store import Batch
-from transformer.multi30k import DEFAULT_ROOT
-from transformer.model import ModelConfig, PositionalEncoding, Transformer
-from transformer.tokenizer import PAD_ID
 from transformer.loss import LabelSmoothedLoss
+from transformer.model import ModelConfig, PositionalEncoding, Transformer
+from transformer.multi30k import DEFAULT_ROOT
+from transformer.store import Batch
+from transformer.tokenizer import PAD_ID
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(tempfile.gettempdir()) / "transformer-bench-train-speed"  # spm + cache, reused
@@ -156,7 +155,7 @@ def time_size(size: str, data: Data, steps: int, warmup: int, compile_model: boo
     vocab = data.tokenizers.src.vocab_size
     steppers = {kind: build(kind, size, vocab, compile_model, device)[1] for kind in kinds}
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    seconds = {kind: 0.0 for kind in steppers}
+    seconds = dict.fromkeys(steppers, 0.0)
     for i, batch in enumerate(batches):
         for kind, step in steppers.items():
             sync()

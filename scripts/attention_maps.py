@@ -1,53 +1,12 @@
-"""Draw a model's attention maps for one sentence: one PNG per attention layer.
+"""`transformer attention-maps`, run from a checkout as `python scripts/attention_maps.py`.
 
-    python scripts/attention_maps.py --checkpoint RUN_DIR_OR_PT --source "A man rides a bike."
-        [--target "Ein Mann fährt Fahrrad."] --output-dir DIR [--beam-size 5] [--device auto]
-
-Without --target the source is translated with beam search first. The pair then runs
-through the model once, teacher-forced, and DIR gets `enc-self-<i>.png`, `dec-self-<i>.png`
-and `enc-dec-<i>.png` (layer i, one panel per head, axes labelled with the SentencePiece
-pieces; decoder rows show the token each position predicts).
+The command lives in the package (`transformer.cli.attention_maps`; `--help` lists its
+options); this file keeps the form the repository's documents and benchmarks use working.
 """
 
-from __future__ import annotations
-
-import argparse
 import sys
-from pathlib import Path
-from typing import Optional
 
-from transformer.attention_maps import write_attention_maps
-from transformer.checkpoint import CheckpointError
-from transformer.translator import Translator
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--checkpoint", required=True, metavar="RUN_DIR_OR_PT")
-    p.add_argument("--source", required=True, help="the source sentence")
-    p.add_argument("--target", help="the target sentence (default: the model's translation)")
-    p.add_argument("--output-dir", type=Path, required=True)
-    p.add_argument("--beam-size", type=int, default=5, help="for translating the source")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
-    return p
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        translator = Translator.load(args.checkpoint, args.device)
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    target = args.target
-    if target is None:
-        target = translator.translate([args.source], beam_size=args.beam_size)[0]
-    print(f"source: {args.source}\ntarget: {target}")
-    for path in write_attention_maps(translator.model, translator.tokenizers, args.source,
-                                     target, args.output_dir):
-        print(path)
-    return 0
-
+from transformer.cli.attention_maps import main
 
 if __name__ == "__main__":
     sys.exit(main())

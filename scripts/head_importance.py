@@ -1,62 +1,12 @@
-"""Measure how much each attention head matters (Michel, Levy & Neubig, 2019).
+"""`transformer head-importance`, run from a checkout as `python scripts/head_importance.py`.
 
-    python scripts/head_importance.py --checkpoint RUN_DIR_OR_PT [--data valid|test]
-        [--data-root DIR | --src FILE --ref FILE] [--max-sentences N]
-        [--beam-size 1] [--output-dir DIR] [--device auto] [--threads N]
-
-For every head of every attention layer (encoder self, decoder self, encoder-decoder):
-the change in loss (cross-entropy per token) and BLEU when that head alone is masked, the
-expected absolute gradient of the loss w.r.t. a gate on the head, and the mean entropy of
-its attention (see transformer.heads). BLEU decodes with beam search of --beam-size
-(1, the default, is greedy search). Prints a table; writes head_importance.csv and
-head_importance.png to --output-dir.
+The command lives in the package (`transformer.cli.head_importance`; `--help` lists its
+options); this file keeps the form the repository's documents and benchmarks use working.
 """
 
-from __future__ import annotations
-
-import argparse
 import sys
-from pathlib import Path
-from typing import Optional
 
-from tqdm import tqdm
-
-from transformer.checkpoint import CheckpointError
-from transformer.attention_maps import attention_layers
-from transformer.evaluation import add_evaluation_arguments, load_for_evaluation
-from transformer.heads import format_table, head_importance, plot_importance, write_csv
-from transformer.text import DataError
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--checkpoint", required=True, metavar="RUN_DIR_OR_PT")
-    add_evaluation_arguments(p)
-    p.add_argument("--beam-size", type=int, default=1, help="for BLEU; 1 = greedy search")
-    p.add_argument("--output-dir", type=Path, default=Path("head_importance"))
-    return p
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        evaluation = load_for_evaluation(args)
-    except (CheckpointError, DataError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    translator, text = evaluation.translator, evaluation.text
-    total = sum(layer.module.num_heads for layer in attention_layers(translator.model))
-    with tqdm(total=total, unit="head", file=sys.stderr) as bar:
-        report = head_importance(translator, text.src, text.tgt, beam_size=args.beam_size,
-                                 max_tokens=args.max_tokens, on_head=lambda _: bar.update())
-    print(format_table(report))
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    write_csv(report, args.output_dir / "head_importance.csv")
-    plot_importance(report, args.output_dir / "head_importance.png")
-    print(f"wrote {args.output_dir / 'head_importance.csv'} and "
-          f"{args.output_dir / 'head_importance.png'}", file=sys.stderr)
-    return 0
-
+from transformer.cli.head_importance import main
 
 if __name__ == "__main__":
     sys.exit(main())

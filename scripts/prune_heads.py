@@ -1,77 +1,12 @@
-"""Remove the least important attention heads of a model for good.
+"""`transformer prune-heads`, run from a checkout as `python scripts/prune_heads.py`.
 
-    python scripts/prune_heads.py --checkpoint RUN_DIR_OR_PT --fraction 0.3 --output PRUNED.pt
-        [--data valid|test] [--data-root DIR | --src FILE --ref FILE]
-        [--max-sentences N] [--no-normalize] [--device auto] [--threads N]
-
-Criterion: gradient importance (Michel, Levy & Neubig, 2019), the expected absolute gradient
-of the loss w.r.t. a gate on each head, measured on the given data (validation by default);
-each layer's scores are divided by their L2 norm (unless --no-normalize), and the
-round(fraction x all heads) lowest-scoring heads go, keeping at least one head per layer.
-Their rows of W_q, W_k, W_v and columns of W_o are deleted; the new checkpoint records the
-pruned heads in its model config, so it loads and translates like any other
-(scripts/translate.py). It keeps the tokenizer and training config, not the optimizer.
+The command lives in the package (`transformer.cli.prune_heads`; `--help` lists its
+options); this file keeps the form the repository's documents and benchmarks use working.
 """
 
-from __future__ import annotations
-
-import argparse
 import sys
-from pathlib import Path
-from typing import Optional
 
-from transformer.checkpoint import CheckpointError, save_checkpoint, tokenizers_to_state
-from transformer.evaluation import add_evaluation_arguments, load_for_evaluation
-from transformer.heads import gradient_importance, heads_to_prune, teacher_forced_batches
-from transformer.text import DataError
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--checkpoint", required=True, metavar="RUN_DIR_OR_PT")
-    p.add_argument("--fraction", type=float, required=True,
-                   help="fraction of all heads to remove, in [0, 1)")
-    p.add_argument("--output", type=Path, required=True, help="the pruned checkpoint (.pt)")
-    p.add_argument("--no-normalize", action="store_true",
-                   help="rank raw importance scores, not scores divided by their layer's norm")
-    add_evaluation_arguments(p)
-    return p
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    if not 0.0 <= args.fraction < 1.0:
-        build_parser().error("--fraction must be in [0, 1)")
-    try:
-        evaluation = load_for_evaluation(args)
-    except (CheckpointError, DataError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    translator, text = evaluation.translator, evaluation.text
-    model = translator.model
-    batches = teacher_forced_batches(translator.tokenizers, text.src, text.tgt,
-                                     translator.device, args.max_tokens)
-    importance = gradient_importance(model, batches).importance
-    heads = heads_to_prune(model, importance, args.fraction, normalize=not args.no_normalize)
-    before = model.num_parameters()
-    model.prune_heads(heads)
-    for name in model.config.attention_names():
-        if name in heads:
-            print(f"{name}: pruned heads {heads[name]}")
-    print(f"pruned {sum(map(len, heads.values()))} heads (importance from {len(text)} "
-          f"sentences); parameters {before:,} -> {model.num_parameters():,}")
-    try:
-        save_checkpoint({"model": model.state_dict(), "model_config": model.config.to_dict(),
-                         "tokenizer": tokenizers_to_state(translator.tokenizers),
-                         "config": translator.training_config,
-                         "head_importance": {k: v.tolist() for k, v in importance.items()},
-                         "pruned_from": str(args.checkpoint)}, args.output)
-    except OSError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(f"wrote {args.output}")
-    return 0
-
+from transformer.cli.prune_heads import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,94 +1,12 @@
-"""Choose, on validation data, how many checkpoints to average and the length penalty.
+"""`transformer tune-decoding`, run from a checkout as `python scripts/tune_decoding.py`.
 
-    python scripts/tune_decoding.py RUN_DIR -o CHOSEN.pt [--within SECONDS]
-        [--last 1 2 3 5 10] [--alpha 1.0 1.5 2.0 2.5 3.0] [--beam-size 5]
-        [--data-root DIR | --src FILE --ref FILE] [--device auto]
-
-Decodes the run's validation split (found as the run found it: its data=files paths, or
-Multi30k in its data.root, else in the download cache) with the average of the newest N
-numbered checkpoints for each N of --last, and each length-penalty alpha of --alpha, printing
-cased sacreBLEU for each. Writes the best average to CHOSEN.pt with the chosen alpha and beam
-size (ties: fewer checkpoints, then the alpha listed first); `scripts/translate.py
---checkpoint CHOSEN.pt` then decodes with them unless told otherwise.
-`--within 1800` considers only the checkpoints saved in the first 30 minutes of training.
-The test set is not an option here: choices are made on validation data only.
+The command lives in the package (`transformer.cli.tune_decoding`; `--help` lists its
+options); this file keeps the form the repository's documents and benchmarks use working.
 """
 
-from __future__ import annotations
-
-import argparse
 import sys
-from pathlib import Path
-from typing import Optional
 
-import torch
-
-from transformer.checkpoint import (CheckpointError, average_checkpoints, load_checkpoint,
-                                    save_checkpoint)
-from transformer.text import DataError
-from transformer.evaluation import (DecodingTrial, add_evaluation_arguments, best_trial,
-                                    checkpoints_within, evaluation_text, tune_decoding)
-from transformer.search import DEFAULT_MAX_TOKENS
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("run", type=Path, help="run directory (or its checkpoints/ folder)")
-    p.add_argument("-o", "--output", type=Path, required=True,
-                   help="where to write the chosen (averaged) checkpoint")
-    p.add_argument("--within", type=float, metavar="SECONDS",
-                   help="only checkpoints saved within this much training time")
-    p.add_argument("--last", type=int, nargs="+", default=[1, 2, 3, 5, 10],
-                   help="numbers of newest checkpoints to average")
-    p.add_argument("--alpha", type=float, nargs="+", default=[1.0, 1.5, 2.0, 2.5, 3.0],
-                   help="length-penalty exponents to try")
-    p.add_argument("--beam-size", type=int, default=5)
-    add_evaluation_arguments(p, splits=("valid",), max_tokens=DEFAULT_MAX_TOKENS)
-    return p
-
-
-def _row(trial: DecodingTrial) -> str:
-    return (f"{len(trial.checkpoints):>4}  {trial.alpha:>5.2f}  {trial.bleu:>5.2f}  "
-            f"{trial.brevity_penalty:.3f}  {trial.checkpoints[-1].name}")
-
-
-def run(args: argparse.Namespace) -> None:
-    folder = args.run / "checkpoints" if (args.run / "checkpoints").is_dir() else args.run
-    checkpoints = checkpoints_within(folder, args.within)
-    run_config = load_checkpoint(checkpoints[-1], mmap=True).get("config")
-    text = evaluation_text(run_config, data=args.data, data_root=args.data_root, src=args.src,
-                           ref=args.ref, max_sentences=args.max_sentences)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    print(f"{len(checkpoints)} checkpoints ({checkpoints[0].name} .. {checkpoints[-1].name}); "
-          f"validation: {len(text)} sentences, beam {args.beam_size}")
-    print("last  alpha   BLEU  BP     newest")
-    trials = tune_decoding(checkpoints, text.src, text.tgt, lasts=args.last,
-                           alphas=args.alpha, beam_size=args.beam_size,
-                           max_tokens=args.max_tokens, device=args.device,
-                           on_trial=lambda t: print(_row(t), flush=True))
-    best = best_trial(trials)
-    state = average_checkpoints(best.checkpoints)
-    state["decoding"] = {"alpha": best.alpha, "beam_size": args.beam_size,
-                         "valid_bleu": best.bleu}
-    save_checkpoint(state, args.output)
-    print(f"chosen: the average of the last {len(best.checkpoints)} checkpoint(s), alpha "
-          f"{best.alpha:g}: validation BLEU {best.bleu:.2f}")
-    print(f"wrote {args.output}; scripts/translate.py --checkpoint {args.output} decodes with "
-          f"alpha {best.alpha:g} and beam {args.beam_size} unless told otherwise")
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.beam_size < 1 or min(args.last) < 1 or min(args.alpha) < 0:
-        build_parser().error("--beam-size and --last must be >= 1, --alpha >= 0")
-    try:
-        run(args)
-    except (CheckpointError, DataError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
-
+from transformer.cli.tune_decoding import main
 
 if __name__ == "__main__":
     sys.exit(main())

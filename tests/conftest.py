@@ -10,7 +10,13 @@ none of these can be had, those tests fail and say how to provide the data.
 from __future__ import annotations
 
 import gzip
+import json
 import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -126,7 +132,7 @@ PRUNED_HEADS = {"encoder.blks.0.attention": [0], "decoder.blks.1.attention2": [1
 def _save_random_model(tokenizer_path: Path, path: Path, pruned: dict) -> Path:
     import torch
 
-    from transformer.checkpoint import save_checkpoint, tokenizers_to_state
+    from transformer.checkpoint import inference_checkpoint, save_checkpoint
     from transformer.model import ModelConfig, Transformer
     from transformer.tokenizer import Tokenizer, TokenizerPair
 
@@ -138,9 +144,8 @@ def _save_random_model(tokenizer_path: Path, path: Path, pruned: dict) -> Path:
         num_decoder_layers=2, max_positions=64))
     if pruned:
         model.prune_heads(pruned)
-    save_checkpoint({"model": model.state_dict(), "model_config": model.config.to_dict(),
-                     "tokenizer": tokenizers_to_state(TokenizerPair(tokenizer, tokenizer))},
-                    path)
+    save_checkpoint(inference_checkpoint(model, TokenizerPair(tokenizer, tokenizer),
+                                         training_config=None), path)
     return path
 
 
@@ -157,3 +162,28 @@ def pruned_checkpoint(multi30k_small_tokenizer_path, tmp_path_factory) -> Path:
     """`random_checkpoint`'s model with the heads of PRUNED_HEADS removed."""
     return _save_random_model(multi30k_small_tokenizer_path,
                               tmp_path_factory.mktemp("pruned") / "pruned.pt", PRUNED_HEADS)
+
+
+# ---- servers started by tests -----------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_up(server: subprocess.Popen, url: str, log: Path,
+                  timeout: float = 120.0) -> None:
+    """Poll /health until it answers; fail with the server's output if it exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"the server exited with {server.returncode}: "
+                        f"{log.read_text()}", pytrace=False)
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if json.load(response)["status"] == "ok":
+                    return
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.2)
+    pytest.fail(f"the server did not answer within {timeout:.0f} s", pytrace=False)

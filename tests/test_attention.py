@@ -7,8 +7,13 @@ import torch
 from torch import nn
 
 import transformer.attention as attention_module
-from transformer.attention import (KVCache, MultiHeadAttention, masked_softmax, transpose_output,
-                                   transpose_qkv)
+from transformer.attention import (
+    KVCache,
+    MultiHeadAttention,
+    masked_softmax,
+    transpose_output,
+    transpose_qkv,
+)
 
 
 def book_example():
@@ -128,7 +133,7 @@ def test_equals_torch_multihead_attention(bias, path, kind, monkeypatch):
     out1, grads1 = run_with_grads(ours_fn, q, k, v)
     out2, grads2 = run_with_grads(ref_fn, q, k, v)
     torch.testing.assert_close(out1, out2, atol=1e-5, rtol=1e-5)
-    for g1, g2 in zip(grads1, grads2):
+    for g1, g2 in zip(grads1, grads2, strict=True):
         torch.testing.assert_close(g1, g2, atol=1e-5, rtol=1e-5)
 
 
@@ -150,7 +155,8 @@ def test_self_attention_equals_torch_with_key_mask_argument():
 MASK_KINDS = {
     "none": {},
     "valid_lens_1d": {"valid_lens": torch.tensor([6, 2, 4])},
-    "valid_lens_2d": {"valid_lens": torch.tensor([[1, 2, 3, 4, 5, 6], [6] * 6, [2, 2, 3, 0, 4, 5]])},
+    "valid_lens_2d": {"valid_lens": torch.tensor([[1, 2, 3, 4, 5, 6], [6] * 6,
+                                                  [2, 2, 3, 0, 4, 5]])},
     "valid_lens_zero": {"valid_lens": torch.tensor([0, 3, 6])},
     "key_mask": {"key_mask": torch.arange(6)[None, :] < torch.tensor([[6], [1], [3]])},
     "causal": {"causal": True},
@@ -169,9 +175,9 @@ def test_fused_path_equals_explicit_path(kind, self_attention, monkeypatch):
     mha = MultiHeadAttention(d, d, d, d, h, 0.0, bias=True).eval()
     kwargs = MASK_KINDS[kind]
     if self_attention:
-        fn = lambda x, y: mha(x, x, x, **kwargs, need_weights=need)  # noqa: E731
+        fn = lambda x, y: mha(x, x, x, **kwargs, need_weights=need)
     else:
-        fn = lambda x, y: mha(x, y, y, **kwargs, need_weights=need)  # noqa: E731
+        fn = lambda x, y: mha(x, y, y, **kwargs, need_weights=need)
     q, kv = torch.randn(B, Q, d), torch.randn(B, K, d)
     need = True
     out_explicit, grads_explicit = run_with_grads(fn, q, kv)
@@ -179,7 +185,7 @@ def test_fused_path_equals_explicit_path(kind, self_attention, monkeypatch):
     out_fused, grads_fused = run_with_grads(fn, q, kv)
     assert not torch.isnan(out_fused).any()
     torch.testing.assert_close(out_fused, out_explicit, atol=1e-5, rtol=1e-5)
-    for g1, g2 in zip(grads_fused, grads_explicit):
+    for g1, g2 in zip(grads_fused, grads_explicit, strict=True):
         torch.testing.assert_close(g1, g2, atol=1e-5, rtol=1e-5)
     if kind == "valid_lens_zero":  # a query with no key to attend to: output is W_o's bias
         torch.testing.assert_close(out_fused[0], mha.W_o.bias.expand(Q, d).detach())

@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from transformer import checkpoint as ckpt
-from transformer.checkpoint import CheckpointError
+from transformer.config import DataConfig, DecodingSettings, TrainConfig
+from transformer.errors import CheckpointError
 from transformer.model import ModelConfig, Transformer
+from transformer.tokenizer import Tokenizer, TokenizerPair
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = ModelConfig(src_vocab_size=40, tgt_vocab_size=40, num_hiddens=16, ffn_num_hiddens=32,
@@ -107,21 +109,55 @@ def test_prune_keeps_the_newest_numbered_checkpoints(tmp_path):
         ["checkpoint_30.pt", "checkpoint_100.pt", ckpt.LAST, ckpt.BEST, "checkpoint_foo.pt"])
 
 
-def test_average_checkpoints_script(tmp_path):
+def test_average_checkpoints_script_keeps_the_first_ones_settings(tmp_path,
+                                                                  multi30k_small_tokenizer_path):
+    tokenizer = Tokenizer.load(multi30k_small_tokenizer_path)
+    config = ModelConfig(**{**CONFIG.to_dict(), "src_vocab_size": tokenizer.vocab_size,
+                            "tgt_vocab_size": tokenizer.vocab_size})
+    tokenizers = TokenizerPair(tokenizer, tokenizer)
+    run_config = TrainConfig(data=DataConfig(src_lang="fr", tgt_lang="cs"))
     paths = [ckpt.numbered_checkpoint_path(tmp_path, n) for n in (1, 2, 3)]
-    states = [make_state(seed, tokenizer={"src": b"s", "tgt": b"s"}) for seed in (0, 1, 2)]
-    for state, path in zip(states, paths):
-        ckpt.save_checkpoint(state, path)
+    states = []
+    for seed, path in zip((0, 1, 2), paths, strict=True):
+        torch.manual_seed(seed)
+        states.append(ckpt.inference_checkpoint(
+            Transformer(config), tokenizers, training_config=run_config,
+            decoding=DecodingSettings(alpha=0.5 + seed, beam_size=3)))
+        ckpt.save_checkpoint(states[-1], path)
     out = tmp_path / "avg.pt"
     main = runpy.run_path(str(REPO / "scripts/average_checkpoints.py"))["main"]
-    main([str(tmp_path), "--last", "2", "-o", str(out)])  # the newest two: seeds 1 and 2
+    assert main([str(tmp_path), "--last", "2", "-o", str(out)]) == 0  # seeds 1 and 2
     averaged = ckpt.load_checkpoint(out)
     key = "encoder.blks.0.ffn.dense1.weight"
     expected = (states[1]["model"][key] + states[2]["model"][key]) / 2
     torch.testing.assert_close(averaged["model"][key], expected)
     assert averaged["averaged_from"] == [str(p) for p in paths[1:]]
-    assert averaged["tokenizer"] == {"src": b"s", "tgt": b"s"}
+    assert averaged["tokenizer"] == ckpt.tokenizers_to_state(tokenizers)
+    assert ckpt.stored_decoding(averaged) == DecodingSettings(alpha=1.5, beam_size=3)
+    assert ckpt.stored_training_config(averaged) == run_config
+    assert set(averaged) == {"format_version", "model", "model_config", "tokenizer", "config",
+                             "decoding", "averaged_from"}  # no training state
     ckpt.model_from_checkpoint(averaged, out)  # loadable for translation
+
+
+def test_the_average_script_reports_an_empty_directory(tmp_path, capsys):
+    main = runpy.run_path(str(REPO / "scripts/average_checkpoints.py"))["main"]
+    assert main([str(tmp_path), "-o", str(tmp_path / "avg.pt")]) == 1
+    assert capsys.readouterr().err == f"error: no checkpoint_<updates>.pt files in {tmp_path}\n"
+
+
+def test_stored_training_config_reads_what_to_dict_wrote_and_names_bad_values():
+    config = TrainConfig(data=DataConfig(src_lang="de", tgt_lang="en"))
+    assert ckpt.stored_training_config({"config": config.to_dict()}) == config
+    assert ckpt.stored_training_config({}) is None
+    newer = config.to_dict()
+    newer["optim"]["a_later_option"] = 1  # unknown keys: a checkpoint of another version
+    assert ckpt.stored_training_config({"config": newer}) == config
+    bad = config.to_dict()
+    bad["optim"]["lr"] = -1.0
+    with pytest.raises(CheckpointError, match="x.pt holds an invalid training config: "
+                                              "optim.lr must be > 0"):
+        ckpt.stored_training_config({"config": bad}, "x.pt")
 
 
 def test_rng_state_survives_a_safe_save_and_load(tmp_path):

@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from transformer.config import (CONFIG_DIR, ModelSettings, OptimConfig, TrainConfig,
-                                TrainerConfig, compose_config)
+from transformer.config import (
+    CONFIG_DIR,
+    ModelSettings,
+    OptimConfig,
+    TrainConfig,
+    TrainerConfig,
+    compose_config,
+)
+from transformer.errors import ConfigError
 from transformer.model import Hyperparameters, ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,7 +121,7 @@ def test_model_schema_is_the_models_own_hyperparameters():
      "trainer.validate_every_epoch=false needs trainer.validate_every_updates > 0"),
 ])
 def test_bad_values_fail_naming_the_key(override, message):
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ConfigError) as info:
         compose_config([override])
     assert message in str(info.value)
 

@@ -1,4 +1,4 @@
-"""CTranslate2 export (scripts/export.py) and the ctranslate2 engine (--engine ctranslate2),
+"""CTranslate2 export (`transformer export`) and the ctranslate2 engine (--engine ctranslate2),
 checked against our PyTorch engine's own output on a model trained here.
 
 The model: en->de on the Multi30k slice, trained for a few hundred updates (~30 s on one
@@ -8,7 +8,6 @@ thread): weak, but a real translation model with peaked and flat distributions a
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import random
 import sys
@@ -19,9 +18,13 @@ import sacrebleu
 import torch
 from torch import nn
 
-from transformer.checkpoint import save_checkpoint, tokenizers_to_state
+from transformer.checkpoint import inference_checkpoint, save_checkpoint
+from transformer.cli import export as export_command
+from transformer.cli import translate as translate_command
+from transformer.config import DecodingSettings, TrainConfig
 from transformer.engines import CTranslate2Translator, load_translator
-from transformer.export import VOCAB_MAP, ExportError, export_ctranslate2, read_export
+from transformer.errors import ExportError
+from transformer.export import VOCAB_MAP, export_ctranslate2, read_export
 from transformer.model import ModelConfig, Transformer
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, TokenizerPair
 from transformer.translator import Translator, translate_lines
@@ -32,21 +35,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-export_script = _load_script("export")
-translate_script = _load_script("translate")
 
 
 def save(model: Transformer, tokenizer: Tokenizer, path: Path, **extra) -> Path:
-    save_checkpoint({"model": model.state_dict(), "model_config": model.config.to_dict(),
-                     "tokenizer": tokenizers_to_state(TokenizerPair(tokenizer, tokenizer)),
-                     "config": {"data": {"src_lang": "en", "tgt_lang": "de"}}, **extra}, path)
+    save_checkpoint(inference_checkpoint(model, TokenizerPair(tokenizer, tokenizer),
+                                         training_config=TrainConfig(), **extra), path)
     return path
 
 
@@ -61,7 +54,7 @@ def train_en_de(tokenizer: Tokenizer, src: list[str], tgt: list[str], *, steps: 
         num_heads=4, num_encoder_layers=2, num_decoder_layers=2, dropout=0.0,
         max_positions=128, norm_first=norm_first))
     pairs = [(s + [EOS_ID], t + [EOS_ID]) for s, t in zip(tokenizer.encode_batch(src),
-                                                           tokenizer.encode_batch(tgt))
+                                                           tokenizer.encode_batch(tgt), strict=True)
              if len(s) < 40 and len(t) < 40]
     opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
     loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID)
@@ -99,7 +92,7 @@ def checkpoint(tokenizer, multi30k_lines, tmp_path_factory) -> Path:
     torch.set_num_threads(1)
     model = train_en_de(tokenizer, multi30k_lines("train.en.gz"), multi30k_lines("train.de.gz"))
     return save(model, tokenizer, tmp_path_factory.mktemp("en_de") / "checkpoint.pt",
-                decoding={"alpha": 1.0, "beam_size": 4})
+                decoding=DecodingSettings(alpha=1.0, beam_size=4))
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +116,7 @@ def ct2(exports) -> dict[str, CTranslate2Translator]:
 
 def same_fraction(a: list[str], b: list[str]) -> float:
     assert len(a) == len(b)
-    return sum(x == y for x, y in zip(a, b)) / len(a)
+    return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
 
 
 def bleu(hyps: list[str], refs: list[str]) -> float:
@@ -141,7 +134,7 @@ def test_float32_greedy_is_our_greedy(torch_translator, ct2, test_text):
     ours_text, theirs_text = [s[0][0] for s in ours], [s[0][0] for s in theirs]
     assert same_fraction(ours_text, theirs_text) >= 0.99
     assert 1.0 < bleu(ours_text, refs)  # a real (weak) model, not an empty output
-    for a, b in zip(ours, theirs):
+    for a, b in zip(ours, theirs, strict=True):
         if a[0][0] == b[0][0]:  # the same log-probs, also where the length limit cut it
             assert b[0][1] == pytest.approx(a[0][1], rel=1e-3)
 
@@ -175,7 +168,7 @@ def test_nbest_scores_and_blank_lines_follow_our_conventions(torch_translator, c
     for s in theirs:
         assert [score for _, score in s] == sorted((score for _, score in s), reverse=True)
     # A translation both n-best lists hold has the same GNMT score in both.
-    common = [(score, dict(o)[text]) for s, o in zip(theirs, ours) for text, score in s
+    common = [(score, dict(o)[text]) for s, o in zip(theirs, ours, strict=True) for text, score in s
               if text in dict(o) and text]
     assert common
     for score, our_score in common:
@@ -191,6 +184,7 @@ def test_export_keeps_tokenizer_decoding_defaults_and_languages(ct2, torch_trans
     assert translator.decoding == torch_translator.decoding  # stored alpha 1, beam 4
     assert translator.tokenizers.src == torch_translator.tokenizers.src
     assert translator.model_config == torch_translator.model.config
+    assert translator.training_config == torch_translator.training_config == TrainConfig()
     info, _ = read_export(exports["int8"])
     assert info.quantization == "int8" and info.languages == {"src": "en", "tgt": "de"}
 
@@ -212,7 +206,7 @@ def test_pruned_checkpoint_exports_as_zero_heads(torch_translator, tokenizer, te
     model.prune_heads({"encoder.blks.0.attention": [1, 2], "decoder.blks.1.attention1": [0],
                        "decoder.blks.0.attention2": [3]})
     pruned = save(model, tokenizer, tmp_path / "pruned.pt")
-    assert export_script.main(["--checkpoint", str(pruned), "--output",
+    assert export_command.main(["--checkpoint", str(pruned), "--output",
                                str(tmp_path / "ct2")]) == 0
     src = test_text[0][:100]
     ours = Translator.load(pruned, device="cpu").translate(src, beam_size=1)
@@ -226,7 +220,7 @@ def test_averaged_checkpoints_export(checkpoint, torch_translator, tokenizer, te
                                      tmp_path):
     torch.manual_seed(2)
     other = save(Transformer(torch_translator.model.config), tokenizer, tmp_path / "other.pt")
-    assert export_script.main(["--checkpoint", str(checkpoint), str(other), "--output",
+    assert export_command.main(["--checkpoint", str(checkpoint), str(other), "--output",
                                str(tmp_path / "ct2")]) == 0
     src = test_text[0][:50]
     ours = Translator.load([checkpoint, other], device="cpu").translate(src, beam_size=1)
@@ -269,7 +263,7 @@ def test_translate_script_engines_write_the_same_lines(checkpoint, exports, test
     outputs = {}
     for engine, path in (("torch", checkpoint), ("ctranslate2", exports["float32"])):
         out = tmp_path / f"{engine}.txt"
-        assert translate_script.main([
+        assert translate_command.main([
             "--engine", engine, "--checkpoint", str(path), "--input", str(src), "--output",
             str(out), "--beam-size", "1", "--chunk-lines", "7", "--max-tokens", "64",
             "--threads", "1", "--device", "cpu", "--reference", str(ref)]) == 0
@@ -302,24 +296,24 @@ def one_line_error(capsys, *needles: str) -> str:
 def test_export_script_errors_are_one_line(checkpoint, exports, tmp_path, capsys):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint" * 10)
-    assert export_script.main(["--checkpoint", str(bad), "--output", str(tmp_path / "o")]) == 1
+    assert export_command.main(["--checkpoint", str(bad), "--output", str(tmp_path / "o")]) == 1
     one_line_error(capsys, str(bad))
     assert not (tmp_path / "o").exists()
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
-    assert export_script.main(["--checkpoint", str(checkpoint), "--output",
+    assert export_command.main(["--checkpoint", str(checkpoint), "--output",
                                str(blocker / "ct2")]) == 1
     one_line_error(capsys, "could not write", str(blocker / "ct2"))
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
-    assert export_script.main(["--checkpoint", str(checkpoint), "--output",
+    assert export_command.main(["--checkpoint", str(checkpoint), "--output",
                                str(tmp_path / "other")]) == 1
     one_line_error(capsys, "is not a CTranslate2 export")
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
     # An earlier export is replaced, complete.
     again = tmp_path / "again"
     for quantization in ("int8", "float32"):
-        assert export_script.main(["--checkpoint", str(checkpoint), "--output", str(again),
+        assert export_command.main(["--checkpoint", str(checkpoint), "--output", str(again),
                                    "--quantization", quantization]) == 0
     assert json.loads((again / "transformer.json").read_text())["quantization"] == "float32"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
@@ -329,7 +323,7 @@ def test_translate_script_ctranslate2_errors_are_one_line(checkpoint, tmp_path, 
     src = write_lines(tmp_path / "in.txt", ["Hallo"])
     for path, needle in ((checkpoint, "is not a CTranslate2 export"),
                          (tmp_path / "missing", "is not a CTranslate2 export")):
-        assert translate_script.main(["--engine", "ctranslate2", "--checkpoint", str(path),
+        assert translate_command.main(["--engine", "ctranslate2", "--checkpoint", str(path),
                                       "--input", str(src)]) == 1
         one_line_error(capsys, needle)
 
@@ -340,14 +334,14 @@ def test_missing_ctranslate2_says_how_to_install(checkpoint, exports, tmp_path, 
     with pytest.raises(ExportError, match=r"pip install -e '\.\[export\]'"):
         load_translator(exports["float32"], "ctranslate2")
     src = write_lines(tmp_path / "in.txt", ["Hallo"])
-    assert translate_script.main(["--engine", "ctranslate2", "--checkpoint",
+    assert translate_command.main(["--engine", "ctranslate2", "--checkpoint",
                                   str(exports["float32"]), "--input", str(src)]) == 1
     one_line_error(capsys, "pip install -e '.[export]'")
-    assert export_script.main(["--checkpoint", str(checkpoint), "--output",
+    assert export_command.main(["--checkpoint", str(checkpoint), "--output",
                                str(tmp_path / "ct2")]) == 1
     one_line_error(capsys, "pip install -e '.[export]'")
     # Our engine needs no ctranslate2.
-    assert translate_script.main(["--checkpoint", str(checkpoint), "--input", str(src),
+    assert translate_command.main(["--checkpoint", str(checkpoint), "--input", str(src),
                                   "--output", str(tmp_path / "out.txt"), "--device",
                                   "cpu"]) == 0
 
@@ -359,7 +353,7 @@ def naive_vocab_map(tokenizers: TokenizerPair, src: list[str], tgt: list[str], p
     """The statistic of transformer/vocab_map.py, counted with dicts, pair by pair."""
     specials = {PAD_ID, UNK_ID, BOS_ID, EOS_ID}
     together, tgt_count = collections.Counter(), collections.Counter()
-    for s, t in zip(src, tgt):
+    for s, t in zip(src, tgt, strict=True):
         s_ids = set(tokenizers.src.encode(s)) - specials
         t_ids = set(tokenizers.tgt.encode(t)) - specials
         tgt_count.update(t_ids)
@@ -418,7 +412,7 @@ def test_a_map_of_every_piece_changes_nothing(ct2, mapped_exports, test_text):
     mapped = everything.translate(src, beam_size=4, return_scores=True, max_tokens=1)
     unmapped = ct2["int8"].translate(src, beam_size=4, return_scores=True, max_tokens=1)
     assert [hyps[0][0] for hyps in mapped] == [hyps[0][0] for hyps in unmapped]
-    for a, b in zip(mapped, unmapped):
+    for a, b in zip(mapped, unmapped, strict=True):
         assert a[0][1] == pytest.approx(b[0][1], rel=1e-5)
 
 
@@ -444,23 +438,23 @@ def test_mapped_output_uses_only_candidates_and_keeps_bleu(torch_translator, map
 def test_export_script_vocab_map_and_its_errors(checkpoint, multi30k_dir, tmp_path, capsys):
     train = [str(multi30k_dir / f"train.{lang}.gz") for lang in ("en", "de")]
     out = tmp_path / "mapped"
-    assert export_script.main(["--checkpoint", str(checkpoint), "--output", str(out),
+    assert export_command.main(["--checkpoint", str(checkpoint), "--output", str(out),
                                "--quantization", "int8", "--vocab-map", *train,
                                "--vocab-map-size", "5"]) == 0
     assert "vocabulary map of" in capsys.readouterr().out
     info, _ = read_export(out)
     assert info.vocab_map["pairs"] == 3000 and (out / VOCAB_MAP).is_file()
     short = write_lines(tmp_path / "short.de", ["Ein Hund."] * 10)
-    assert export_script.main(["--checkpoint", str(checkpoint), "--output",
+    assert export_command.main(["--checkpoint", str(checkpoint), "--output",
                                str(tmp_path / "o"), "--vocab-map", train[0], str(short)]) == 1
     one_line_error(capsys, train[0], str(short), "3000 lines", "10 lines")
     assert not (tmp_path / "o").exists()
     bad = tmp_path / "bad.en"
     bad.write_bytes(b"A dog.\n" * 9 + b"A \xff cat.\n")
-    assert export_script.main(["--checkpoint", str(checkpoint), "--output",
+    assert export_command.main(["--checkpoint", str(checkpoint), "--output",
                                str(tmp_path / "o"), "--vocab-map", str(bad), str(short)]) == 1
     one_line_error(capsys, str(bad), "line 10")
     with pytest.raises(SystemExit):
-        export_script.main(["--checkpoint", str(checkpoint), "--output", str(tmp_path / "o"),
+        export_command.main(["--checkpoint", str(checkpoint), "--output", str(tmp_path / "o"),
                             "--vocab-map", *train, "--vocab-map-size", "0"])
     assert "--vocab-map-size must be >= 1" in capsys.readouterr().err

@@ -22,7 +22,8 @@ import torch
 
 from transformer import checkpoint as ckpt
 from transformer.data import SplitFiles, write_split_store
-from transformer.files import WriteError, atomic_write
+from transformer.errors import WriteError
+from transformer.files import atomic_write
 from transformer.store import ParallelCorpus
 from transformer.tokenizer import Tokenizer, TokenizerPair
 
@@ -139,9 +140,8 @@ def test_full_disk_while_writing_translations(tmp_path, multi30k_small_tokenizer
                                     ffn_num_hiddens=32, num_heads=2, num_encoder_layers=1,
                                     num_decoder_layers=1))
     checkpoint = tmp_path / "model.pt"
-    ckpt.save_checkpoint({"model": model.state_dict(), "model_config": model.config.to_dict(),
-                          "tokenizer": ckpt.tokenizers_to_state(
-                              TokenizerPair(tokenizer, tokenizer))}, checkpoint)
+    ckpt.save_checkpoint(ckpt.inference_checkpoint(model, TokenizerPair(tokenizer, tokenizer),
+                                                   training_config=None), checkpoint)
     source = tmp_path / "in.txt"
     source.write_text("A man rides a bike.\n" * 300, encoding="utf-8")
     output = tmp_path / "out" / "hyp.txt"

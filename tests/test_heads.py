@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import csv
-import importlib.util
 import math
 from pathlib import Path
 
@@ -18,10 +17,19 @@ import torch.nn.functional as F
 
 from transformer import attention_maps, heads
 from transformer.attention import MultiHeadAttention
-from transformer.checkpoint import (CheckpointError, average_checkpoints, check_model_config,
-                                    load_checkpoint, model_from_checkpoint, save_checkpoint,
-                                    tokenizers_to_state)
-from transformer.config import compose_config
+from transformer.checkpoint import (
+    average_checkpoints,
+    check_model_config,
+    inference_checkpoint,
+    load_checkpoint,
+    model_from_checkpoint,
+    save_checkpoint,
+)
+from transformer.cli import attention_maps as attention_maps_command
+from transformer.cli import head_importance as head_importance_command
+from transformer.cli import prune_heads as prune_heads_command
+from transformer.config import DataConfig, DecodingSettings, TrainConfig, compose_config
+from transformer.errors import CheckpointError
 from transformer.model import ModelConfig, Transformer
 from transformer.search import beam_search
 from transformer.tokenizer import PAD_ID, Tokenizer, TokenizerPair
@@ -37,16 +45,6 @@ SOME_HEADS = {"encoder.blks.0.attention": [1], "decoder.blks.1.attention1": [0, 
               "decoder.blks.0.attention2": [2]}
 
 
-def _load_script(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem + "_script", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-attention_maps_script = _load_script(ROOT / "scripts/attention_maps.py")
-head_importance_script = _load_script(ROOT / "scripts/head_importance.py")
-prune_heads_script = _load_script(ROOT / "scripts/prune_heads.py")
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +86,7 @@ def mask_for(model: Transformer, pruned: dict[str, list[int]]) -> dict[str, torc
 
 
 def save_model(model: Transformer, tokenizers: TokenizerPair, path: Path) -> Path:
-    save_checkpoint({"model": model.state_dict(), "model_config": model.config.to_dict(),
-                     "tokenizer": tokenizers_to_state(tokenizers)}, path)
+    save_checkpoint(inference_checkpoint(model, tokenizers, training_config=None), path)
     return path
 
 
@@ -253,7 +250,7 @@ def test_importance_scores_match_direct_computations(tokenizers, pairs):
     # (b) Gradient importance: one sentence at a time, one scalar gate per head.
     expected = torch.zeros(4)
     layer = model.get_submodule(score.name)
-    for src, ref in zip(sources, references):
+    for src, ref in zip(sources, references, strict=True):
         (batch,) = heads.teacher_forced_batches(tokenizers, [src], [ref], "cpu")
         gate = torch.ones(4, requires_grad=True)
         layer.head_mask = gate
@@ -267,7 +264,7 @@ def test_importance_scores_match_direct_computations(tokenizers, pairs):
 
     # (c) Entropy of encoder self-attention, from the weights of one sentence at a time.
     entropies, queries = torch.zeros(4), 0
-    for src, ref in zip(sources, references):
+    for src, ref in zip(sources, references, strict=True):
         src_ids, tgt_ids = tokenizers.src.encode(src), tokenizers.tgt.encode(ref)
         w = attention_maps.attention_maps(model, src_ids, tgt_ids)["encoder.blks.0.attention"]
         entropies += -(w * w.clamp_min(1e-30).log()).sum(-1).sum(-1)  # (heads,)
@@ -330,13 +327,13 @@ def test_scripts_on_a_tiny_checkpoint(tmp_path, tokenizers, pairs, capsys):
     src.write_text("\n".join(pairs[0][:4]) + "\n", encoding="utf-8")
     ref.write_text("\n".join(pairs[1][:4]) + "\n", encoding="utf-8")
 
-    assert attention_maps_script.main(["--checkpoint", str(path), "--source", pairs[0][0],
+    assert attention_maps_command.main(["--checkpoint", str(path), "--source", pairs[0][0],
                                        "--output-dir", str(tmp_path / "maps"),
                                        "--beam-size", "2", "--device", "cpu"]) == 0
     assert len(list((tmp_path / "maps").glob("*.png"))) == 3
 
     out = tmp_path / "importance"
-    assert head_importance_script.main(["--checkpoint", str(path), "--src", str(src),
+    assert head_importance_command.main(["--checkpoint", str(path), "--src", str(src),
                                         "--ref", str(ref), "--output-dir", str(out),
                                         "--device", "cpu"]) == 0
     table = capsys.readouterr().out
@@ -347,10 +344,10 @@ def test_scripts_on_a_tiny_checkpoint(tmp_path, tokenizers, pairs, capsys):
     png = out / "head_importance.png"
     assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000
     # Without --src/--ref the language pair comes from the checkpoint, which has none here.
-    assert head_importance_script.main(["--checkpoint", str(path), "--device", "cpu"]) == 1
+    assert head_importance_command.main(["--checkpoint", str(path), "--device", "cpu"]) == 1
 
     pruned = tmp_path / "pruned.pt"
-    assert prune_heads_script.main(["--checkpoint", str(path), "--fraction", "0.3",
+    assert prune_heads_command.main(["--checkpoint", str(path), "--fraction", "0.3",
                                     "--output", str(pruned), "--src", str(src), "--ref",
                                     str(ref), "--device", "cpu"]) == 0
     state = load_checkpoint(pruned)
@@ -359,6 +356,31 @@ def test_scripts_on_a_tiny_checkpoint(tmp_path, tokenizers, pairs, capsys):
     assert translator.model.num_parameters() < model_from_checkpoint(
         load_checkpoint(path)).num_parameters()
     assert len(translator.translate(pairs[0][:2])) == 2
+
+
+def test_pruning_a_tuned_checkpoint_keeps_its_decoding_settings(tmp_path, tokenizers, pairs):
+    """prune_heads.py on a `chosen.pt` with a tuned alpha and beam: the pruned checkpoint
+    decodes with them (its scores are those of that alpha), and keeps the run's config."""
+    run_config = TrainConfig(data=DataConfig(src_lang="en", tgt_lang="de"))
+    chosen = tmp_path / "chosen.pt"
+    save_checkpoint(inference_checkpoint(
+        one_layer_model(tokenizers.src.vocab_size), tokenizers, training_config=run_config,
+        decoding=DecodingSettings(alpha=2.5, beam_size=3), valid_bleu=12.0), chosen)
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("\n".join(pairs[0][:4]) + "\n", encoding="utf-8")
+    ref.write_text("\n".join(pairs[1][:4]) + "\n", encoding="utf-8")
+    pruned = tmp_path / "pruned.pt"
+    assert prune_heads_command.main(["--checkpoint", str(chosen), "--fraction", "0.3",
+                                    "--output", str(pruned), "--src", str(src), "--ref",
+                                    str(ref), "--device", "cpu"]) == 0
+    translator = Translator.load(pruned, device="cpu")
+    assert translator.model_config.pruned_heads
+    assert translator.decoding == DecodingSettings(alpha=2.5, beam_size=3)
+    assert translator.training_config == run_config
+    lines = pairs[0][:6]
+    scored = translator.translate(lines, return_scores=True)
+    assert scored == translator.translate(lines, return_scores=True, alpha=2.5, beam_size=3)
+    assert scored != translator.translate(lines, return_scores=True, alpha=1.0, beam_size=3)
 
 
 def test_validation_logs_attention_without_side_effects(tmp_path, multi30k_dir,

@@ -6,19 +6,14 @@ test's temporary directory."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import PRUNED_HEADS
+from conftest import PRUNED_HEADS, free_port, wait_until_up
 from playwright.sync_api import sync_playwright
 
 from transformer.translator import Translator
@@ -40,29 +35,6 @@ def launch(playwright):
     """Headless Chromium as CI can run it: as root (no sandbox), with a small /dev/shm."""
     return playwright.chromium.launch(executable_path=chromium(),
                                       args=["--no-sandbox", "--disable-dev-shm-usage"])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until_up(server: subprocess.Popen, url: str, log: Path,
-                  timeout: float = 120.0) -> None:
-    """Poll /health until it answers; fail with the server's output if it exits."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            pytest.fail(f"scripts/serve.py exited with {server.returncode}: "
-                        f"{log.read_text()}", pytrace=False)
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                if json.load(response)["status"] == "ok":
-                    return
-        except (urllib.error.URLError, ConnectionError):
-            time.sleep(0.2)
-    pytest.fail(f"scripts/serve.py did not answer within {timeout:.0f} s", pytrace=False)
 
 
 @pytest.fixture(scope="module")

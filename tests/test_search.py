@@ -8,8 +8,13 @@ import pytest
 import torch
 
 from transformer.model import ModelConfig, Transformer
-from transformer.search import (DEFAULT_ALPHA, beam_search, greedy_search, length_penalty,
-                                max_output_lengths)
+from transformer.search import (
+    DEFAULT_ALPHA,
+    beam_search,
+    greedy_search,
+    length_penalty,
+    max_output_lengths,
+)
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
@@ -65,7 +70,7 @@ def test_cached_equals_uncached(model):
     cached = beam_search(model, src, lens, beam_size=5, nbest=5)
     uncached = beam_search(model, src, lens, beam_size=5, nbest=5, use_cache=False)
     assert tokens(cached) == tokens(uncached)
-    for a, b in zip(itertools.chain(*cached), itertools.chain(*uncached)):
+    for a, b in zip(itertools.chain(*cached), itertools.chain(*uncached), strict=True):
         assert a.score == pytest.approx(b.score, rel=1e-5, abs=1e-5)
         assert a.log_prob == pytest.approx(b.log_prob, rel=1e-5, abs=1e-5)
 
@@ -85,7 +90,7 @@ def test_nbest_lists(model):
     hyps = beam_search(model, src, lens, beam_size=5, nbest=3, alpha=alpha)
     assert [len(h) for h in hyps] == [3] * src.shape[0]
     max_lens = max_output_lengths(lens, 1.5, 10, model.config.max_positions)
-    for sentence, limit in zip(hyps, max_lens.tolist()):
+    for sentence, limit in zip(hyps, max_lens.tolist(), strict=True):
         scores = [h.score for h in sentence]
         assert scores == sorted(scores, reverse=True)
         assert len({tuple(h.tokens) for h in sentence}) == 3  # distinct hypotheses

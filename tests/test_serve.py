@@ -2,12 +2,11 @@
 the torch Translator's own output, in input order; n-best; attention weights equal
 `attention_maps`' and each row sums to 1 over the real keys; every limit and bad input gets a
 4xx naming the field and the server goes on serving; no request can choose a file; the
-batcher puts waiting requests into one `translate` call; scripts/serve.py's errors."""
+batcher puts waiting requests into one `translate` call; `transformer serve`'s errors."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,9 +17,18 @@ from conftest import PRUNED_HEADS  # tests/conftest.py
 from fastapi.testclient import TestClient
 
 from transformer.attention_maps import attention_maps
-from transformer.serve import (MAX_BEAM, MAX_BODY_BYTES, MAX_CHARS, MAX_SENTENCES, BatchLimits,
-                               Batcher, create_app)
-from transformer.translator import Translator
+from transformer.cli import serve as serve_command
+from transformer.model import ModelConfig
+from transformer.serve import (
+    MAX_BEAM,
+    MAX_BODY_BYTES,
+    MAX_CHARS,
+    MAX_SENTENCES,
+    Batcher,
+    BatchLimits,
+    create_app,
+)
+from transformer.translator import BaseTranslator, Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -29,21 +37,28 @@ LINES = ["A man rides a bike.", "Two dogs play in the snow.", "", "A girl in a r
          "Zwei Männer stehen vor einem Gebäude.", "People.", "A woman sings 😀 on a stage."]
 
 
-class OtherEngine:
-    """A translator that is not the torch `Translator` (as another engine's would be): it
-    translates with one, records every call, and fails on the line "boom"."""
+class OtherEngine(BaseTranslator):
+    """An engine that is not the torch `Translator` (as another engine's would be): it
+    searches with one, records every call, and fails on the line "boom"."""
 
     engine = "other"
 
     def __init__(self, translator: Translator):
+        super().__init__(translator.tokenizers, decoding=translator.decoding)
         self.inner, self.calls = translator, []
-        self.tokenizers, self.decoding = translator.tokenizers, translator.decoding
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.inner.model_config
 
     def translate(self, lines, **options):
         self.calls.append(list(lines))
         if "boom" in lines:
             raise RuntimeError("the engine failed")
-        return self.inner.translate(lines, **options)
+        return super().translate(lines, **options)
+
+    def _search(self, sources, settings, **options):
+        return self.inner._search(sources, settings, **options)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +84,7 @@ def assert_same_nbest(got, expected):
     """n-best lists equal: texts exactly, scores up to batching's rounding."""
     assert [[text for text, _ in hyps] for hyps in got] == \
            [[text for text, _ in hyps] for hyps in expected]
-    for hyps, ref in zip(got, expected):
+    for hyps, ref in zip(got, expected, strict=True):
         assert [s for _, s in hyps] == pytest.approx([s for _, s in ref], abs=1e-4)
 
 
@@ -99,7 +114,7 @@ def test_concurrent_requests_each_get_their_own_translations(client, translator)
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda lines: client.post("/translate", json={"text": lines}),
                                 requests))
-    for lines, answer in zip(requests, answers):
+    for lines, answer in zip(requests, answers, strict=True):
         assert answer.json()["translations"] == translator.translate(lines)
 
 
@@ -123,7 +138,7 @@ def test_batcher_puts_waiting_requests_into_one_call_in_order(translator):
     answers = asyncio.run(run(BatchLimits(max_wait_s=0.05), tokens=1))
     assert engine.calls == [["A man.", "A dog.", "Two cats.", "A red car.", "", "Hi.", "Snow."],
                             ["A boy."]]
-    for (lines, beam), answer in zip(requests, answers):
+    for (lines, beam), answer in zip(requests, answers, strict=True):
         assert_same_nbest(answer, translator.translate(lines, beam_size=beam, return_scores=True))
 
     engine.calls.clear()
@@ -319,17 +334,10 @@ def test_openapi_documents_the_request_bodies(client):
     assert json.dumps(body).count("maxItems") == 1
 
 
-# ---- scripts/serve.py -----------------------------------------------------------------------
-
-def _serve_script():
-    spec = importlib.util.spec_from_file_location("serve_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+# ---- transformer serve -----------------------------------------------------------------------
 
 def test_script_bad_checkpoint_exits_1_with_one_line(tmp_path, capsys):
-    script = _serve_script()
+    script = serve_command
     assert script.main(["--checkpoint", str(tmp_path / "missing.pt")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "missing.pt" in err
@@ -339,7 +347,7 @@ def test_script_bad_checkpoint_exits_1_with_one_line(tmp_path, capsys):
 
 
 def test_script_accepts_only_known_engines_and_listens_locally_by_default():
-    parser = _serve_script().build_parser()
+    parser = serve_command.build_parser()
     with pytest.raises(SystemExit):
         parser.parse_args(["--checkpoint", "x.pt", "--engine", "onnx"])
     args = parser.parse_args(["--checkpoint", "x.pt"])
@@ -348,7 +356,7 @@ def test_script_accepts_only_known_engines_and_listens_locally_by_default():
 
 def test_the_ctranslate2_engine_serves_translations_but_not_attention(random_checkpoint,
                                                                       tmp_path):
-    """scripts/serve.py --engine ctranslate2: the same API over an exported model; its
+    """transformer serve --engine ctranslate2: the same API over an exported model; its
     answers are that engine's, /attention is refused (501) and /info says which engine."""
     from transformer.engines import load_translator
     from transformer.export import export_ctranslate2

@@ -20,8 +20,9 @@ from transformer import text as text_module
 from transformer.batching import train_batches
 from transformer.config import DataConfig
 from transformer.data import SplitFiles, load_data, store_path
+from transformer.errors import DataError
 from transformer.store import ParallelCorpus, StoreWriter, id_dtype
-from transformer.text import DataError, iter_parallel, read_parallel
+from transformer.text import iter_parallel, read_parallel
 from transformer.tokenizer import Tokenizer, TokenizerPair
 from transformer.vocabulary import sample_pairs
 
@@ -198,7 +199,7 @@ def test_reservoir_sample_is_uniform_seeded_and_whole_when_small():
     sample, seen = sample_pairs(chunks(20000), 1000, seed=1)
     assert seen == 20000 and len(set(sample.lines)) == 1000
     assert all(s == str(i) and t == f"t{i}" for s, t, i in zip(sample.src, sample.tgt,
-                                                               sample.lines))
+                                                               sample.lines, strict=True))
     assert sample_pairs(chunks(20000), 1000, seed=1)[0].lines == sample.lines
     assert sample_pairs(chunks(20000), 1000, seed=2)[0].lines != sample.lines
     # uniform: each tenth of the corpus holds ~100 of the 1,000 (binomial sd ~9.5)

@@ -50,11 +50,12 @@ def test_round_trip_multi30k_validation(multi30k_tokenizer, multi30k_lines):
     assert len(sentences) == 2 * 300
     encoded = tok.encode_batch(sentences)
     assert not any(UNK_ID in ids for ids in encoded)
-    normalize = lambda s: " ".join(unicodedata.normalize("NFKC", s).split())  # noqa: E731
-    mismatches = [s for s, ids in zip(sentences, encoded) if tok.decode(ids) != normalize(s)]
+    normalize = lambda s: " ".join(unicodedata.normalize("NFKC", s).split())
+    mismatches = [s for s, ids in zip(sentences, encoded, strict=True)
+                  if tok.decode(ids) != normalize(s)]
     assert mismatches == []
     # The normalisation matters for very few lines; everything else is byte-identical.
-    exact = sum(tok.decode(ids) == s for s, ids in zip(sentences, encoded))
+    exact = sum(tok.decode(ids) == s for s, ids in zip(sentences, encoded, strict=True))
     assert exact >= len(sentences) - 3
 
 

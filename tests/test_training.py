@@ -3,7 +3,6 @@ exact resume, SIGTERM, torchrun/DDP, data=files, non-finite losses, schedule, ac
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import signal
@@ -18,13 +17,21 @@ import pytest
 import torch
 
 from transformer import checkpoint as ckpt
+from transformer.cli import plot_curves as plot_curves_command
 from transformer.config import compose_config
-from transformer.plots import bleu_vs_time
-from transformer.tokenizer import Tokenizer
-from transformer.model import ModelConfig, Transformer
-from transformer.tokenizer import PAD_ID
+from transformer.errors import TrainingError
 from transformer.loss import LabelSmoothedLoss
-from transformer.training import DistEnv, Trainer, TrainingError, lr_lambda, train
+from transformer.model import ModelConfig, Transformer
+from transformer.plots import bleu_vs_time
+from transformer.tokenizer import PAD_ID, Tokenizer
+from transformer.training import (
+    DistEnv,
+    Trainer,
+    build_optimizer,
+    decayed_parameters,
+    lr_lambda,
+    train,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -35,14 +42,6 @@ TRAIN_SCRIPT = str(REPO / "scripts/train.py")
 ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def _load_plot_script():
-    spec = importlib.util.spec_from_file_location("plot_curves", REPO / "scripts/plot_curves.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-plot_curves_script = _load_plot_script()
 
 
 
@@ -116,9 +115,9 @@ def test_smoke_experiment_learns_and_writes_the_run_directory(tmp_path, multi30k
     minutes, bleu = bleu_vs_time(tmp_path)  # the README's BLEU-vs-time plot reads these
     assert bleu == tb["valid/bleu"] and len(minutes) == 2 and 0 < minutes[0] < minutes[1]
     png = tmp_path / "plot" / "bleu.png"
-    assert plot_curves_script.main([str(tmp_path), "-o", str(png)]) == 0
+    assert plot_curves_command.main([str(tmp_path), "-o", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-    assert plot_curves_script.main([str(tmp_path / "plot"), "-o", str(png)]) == 1  # no logs
+    assert plot_curves_command.main([str(tmp_path / "plot"), "-o", str(png)]) == 1  # no logs
 
 
 def test_resume_continues_with_identical_losses(tmp_path, small):
@@ -286,7 +285,7 @@ def files_overrides(tmp_path: Path, multi30k_lines, train_pairs: int) -> list[st
 
 
 def test_smoke_experiment_with_data_files(tmp_path, multi30k_lines, small):
-    """experiment=smoke composes with data=files (the data issue's requirement)."""
+    """experiment=smoke composes with data=files: a quick check of one's own corpus."""
     paths = files_overrides(tmp_path, multi30k_lines, train_pairs=200)
     overrides = [o for o in small if not o.startswith("data.root")]
     cfg = compose_config(["experiment=smoke", "data=files", *overrides,
@@ -357,6 +356,45 @@ def test_nonfinite_losses_in_a_row_stop_with_last_good_checkpoint(tmp_path, smal
     state = ckpt.load_checkpoint(tmp_path / "checkpoints/checkpoint_last.pt")
     assert state["train_state"]["num_updates"] == 2
     assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+TINY = dict(num_hiddens=16, ffn_num_hiddens=32, num_heads=2, num_encoder_layers=1,
+            num_decoder_layers=1)
+
+
+def test_weight_decay_applies_to_the_weight_matrices_only():
+    """The linear layers' weight matrices are decayed; embeddings (the output projection
+    tied to one), biases and LayerNorm parameters are not. An untied projection is a weight
+    matrix like any other."""
+    tied = Transformer(ModelConfig(src_vocab_size=50, tgt_vocab_size=50, **TINY))
+    assert decayed_parameters(tied) == [
+        f"{block}.{layer}.weight"
+        for block, attentions in (("encoder.blks.0", ["attention"]),
+                                  ("decoder.blks.0", ["attention1", "attention2"]))
+        for layer in [f"{a}.{w}" for a in attentions for w in ("W_q", "W_k", "W_v", "W_o")]
+        + ["ffn.dense1", "ffn.dense2"]]
+    untied = Transformer(ModelConfig(src_vocab_size=50, tgt_vocab_size=60,
+                                     share_embeddings=False, tie_output=False, **TINY))
+    assert set(decayed_parameters(untied)) == set(decayed_parameters(tied)) | {
+        "output_projection.weight"}
+
+
+@pytest.mark.parametrize("name, decay", [("adamw", 0.1), ("adam", 0.0)])
+def test_an_update_decays_exactly_the_decayed_parameters(name, decay):
+    """One update with zero gradients: AdamW shrinks each decayed matrix by lr * decay
+    and leaves every other parameter as it was; without decay nothing moves."""
+    cfg = compose_config([f"optim={name}", f"optim.weight_decay={decay}", "optim.lr=0.5",
+                          "optim.warmup_updates=0"])
+    model = Transformer(ModelConfig(src_vocab_size=50, tgt_vocab_size=50, **TINY))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = build_optimizer(model, cfg)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    decayed = set(decayed_parameters(model))
+    for n, p in model.named_parameters():
+        factor = 1 - 0.5 * decay if n in decayed else 1.0
+        torch.testing.assert_close(p.detach(), before[n] * factor, msg=n)
 
 
 def test_inverse_sqrt_schedule_with_warmup():
@@ -431,7 +469,7 @@ def test_accumulated_batches_equal_one_big_batch(tmp_path, small):
         def record_and_undo_step(*_):  # keep the gradients, keep the parameters unchanged
             grads.append([p.grad.clone() for p in params])
             with torch.no_grad():
-                for p, p0 in zip(params, initial):
+                for p, p0 in zip(params, initial, strict=True):
                     p.copy_(p0)
 
         trainer.optimizer.register_step_post_hook(record_and_undo_step)
@@ -442,5 +480,5 @@ def test_accumulated_batches_equal_one_big_batch(tmp_path, small):
     finally:
         trainer.close()
     assert trainer.losses[0] == pytest.approx(trainer.losses[1], rel=1e-5)
-    for a, b in zip(*grads):
+    for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

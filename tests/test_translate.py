@@ -1,14 +1,13 @@
-"""Translator API and scripts/translate.py: loading, line alignment, n-best, BLEU, errors;
-choosing checkpoints and alpha on validation data (scripts/tune_decoding.py).
+"""Translator API and `transformer translate`: loading, line alignment, n-best, BLEU, errors;
+choosing checkpoints and alpha on validation data (`transformer tune-decoding`).
 
-Two checkpoints are built per session: a random small model with a SentencePiece model
+Two checkpoints are built per test run: a random small model with a SentencePiece model
 trained on Multi30k (for averaging, long lines, scores), and a tiny model trained here on
 the copy task (its translations must equal its inputs, which makes alignment visible).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import logging
 import random
@@ -21,10 +20,14 @@ import sacrebleu
 import torch
 from torch import nn
 
-from transformer.checkpoint import CheckpointError, save_checkpoint, tokenizers_to_state
+from transformer.checkpoint import inference_checkpoint, save_checkpoint, stored_decoding
+from transformer.cli import translate as translate_command
+from transformer.cli import tune_decoding as tune_decoding_command
+from transformer.config import DecodingSettings
+from transformer.errors import CheckpointError
 from transformer.evaluation import best_trial, checkpoints_within, tune_decoding
 from transformer.model import ModelConfig, Transformer
-from transformer.search import DecodingSettings, beam_search, greedy_search
+from transformer.search import beam_search, greedy_search
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerPair
 from transformer.translator import Translator, bleu_report, paper_protocol, translate_lines
 
@@ -34,20 +37,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "translate.py"
 
 
-def _load_path(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-translate_script = _load_path("translate_script", SCRIPT)
 
 
 def save(model: Transformer, tokenizer: Tokenizer, path: Path) -> Path:
-    save_checkpoint({"model": model.state_dict(), "model_config": model.config.to_dict(),
-                     "tokenizer": tokenizers_to_state(TokenizerPair(tokenizer, tokenizer))},
-                    path)
+    save_checkpoint(inference_checkpoint(model, TokenizerPair(tokenizer, tokenizer),
+                                         training_config=None), path)
     return path
 
 
@@ -163,7 +157,8 @@ def test_translate_returns_strings_scores_and_nbest(random_runs):
     assert [len(s) for s in nbest] == [3, 3, 3, 3]
     for s in nbest:
         assert [score for _, score in s] == sorted((score for _, score in s), reverse=True)
-    for s, t in zip(nbest, scored):  # the 1-best does not depend on nbest (nor on batching)
+    # the 1-best does not depend on nbest (nor on batching)
+    for s, t in zip(nbest, scored, strict=True):
         assert s[0][0] == t[0][0] and s[0][1] == pytest.approx(t[0][1], abs=1e-4)
     assert nbest[1] == [("", 0.0)] * 3
 
@@ -189,12 +184,12 @@ def test_checkpoint_decoding_settings_are_the_defaults(random_runs, tmp_path, ca
     src = write_lines(tmp_path / "in.txt", lines)
     args = ["--checkpoint", str(chosen), "--input", str(src), "--output",
             str(tmp_path / "out.txt"), "--max-len-b", "5", "--device", "cpu"]
-    assert translate_script.main(args) == 0
+    assert translate_command.main(args) == 0
     assert "decoding: beam 3 (from the checkpoint), alpha 2.5 (from the checkpoint), " \
            "max length 1.5 * source + 5" in capsys.readouterr().err
-    written = lambda: (tmp_path / "out.txt").read_text().split("\n")[:-1]  # noqa: E731
+    written = lambda: (tmp_path / "out.txt").read_text().split("\n")[:-1]
     assert written() == [s[0][0] for s in stored]
-    assert translate_script.main(args + ["--alpha", "1", "--beam-size", "5"]) == 0
+    assert translate_command.main(args + ["--alpha", "1", "--beam-size", "5"]) == 0
     assert "decoding: beam 5, alpha 1, max length" in capsys.readouterr().err
     assert written() == plain.translate(lines, max_len_b=5)
     save_checkpoint({**state, "decoding": {"alpha": -1.0}}, tmp_path / "bad.pt")
@@ -251,7 +246,7 @@ def test_paper_protocol_reproduces_the_datasets_tokenized_references(full_multi3
         tok = (full_multi30k / "tok" / f"{split}.lc.norm.tok.{lang}").read_text(
             encoding="utf-8").split("\n")[:-1]
         ours = paper_protocol(raw, lang)
-        same = sum(a == b.strip() for a, b in zip(ours, tok))
+        same = sum(a == b.strip() for a, b in zip(ours, tok, strict=True))
         assert len(ours) == len(tok) and same >= len(tok) - 2, f"{split}.{lang}: {same} same"
     assert paper_protocol(['Ein "Mann" fährt.'], "de") == ["ein &quot; mann &quot; fährt ."]
 
@@ -277,7 +272,7 @@ def test_translate_lines_in_chunks_keeps_order(copy_translator, copy_inputs):
     assert out.getvalue().splitlines() == lines == kept
 
 
-# ---- scripts/translate.py ---------------------------------------------------------------------
+# ---- transformer translate --------------------------------------------------------------------
 
 def write_lines(path: Path, lines: list[str]) -> Path:
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
@@ -294,7 +289,7 @@ def test_script_keeps_line_alignment_with_empty_lines(copy_checkpoint, copy_inpu
     args = ["--checkpoint", str(copy_checkpoint), "--input", str(src), "--output",
             str(tmp_path / "out.txt"), "--beam-size", "4", "--chunk-lines", "5",
             "--max-tokens", "12", "--device", "cpu"]
-    assert translate_script.main(args) == 0
+    assert translate_command.main(args) == 0
     out = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")
     assert out[-1] == "" and out[:-1] == [line.strip() for line in lines]
     assert f"{len(lines)}/{len(lines)}" in capsys.readouterr().err  # the progress bar
@@ -302,7 +297,7 @@ def test_script_keeps_line_alignment_with_empty_lines(copy_checkpoint, copy_inpu
 
 def test_script_invalid_utf8_input(copy_checkpoint, tmp_path, capsys):
     (tmp_path / "in.txt").write_bytes(b"abc\nde \xff f\n")
-    assert translate_script.main(["--checkpoint", str(copy_checkpoint), "--input",
+    assert translate_command.main(["--checkpoint", str(copy_checkpoint), "--input",
                                   str(tmp_path / "in.txt"), "--output",
                                   str(tmp_path / "out.txt")]) == 1
     assert "line 2: invalid UTF-8" in capsys.readouterr().err
@@ -315,7 +310,7 @@ def test_script_stdin_to_stdout_with_reference(copy_checkpoint, copy_inputs, tmp
     ref = write_lines(tmp_path / "ref.txt", refs)
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(
         "".join(line + "\n" for line in lines).encode())))
-    assert translate_script.main(["--checkpoint", str(copy_checkpoint), "--reference",
+    assert translate_command.main(["--checkpoint", str(copy_checkpoint), "--reference",
                                   str(ref), "--device", "cpu"]) == 0
     captured = capsys.readouterr()
     assert captured.out.splitlines() == lines
@@ -333,22 +328,22 @@ def test_script_paper_protocol(copy_checkpoint, copy_inputs, tmp_path, capsys):
     ref = write_lines(tmp_path / "ref.tok.en", paper_protocol(copy_inputs[:8], "en"))
     args = ["--checkpoint", str(copy_checkpoint), "--input", str(src), "--output",
             str(tmp_path / "out.txt"), "--device", "cpu", "--paper-protocol", str(ref)]
-    assert translate_script.main(args) == 0
+    assert translate_command.main(args) == 0
     err = capsys.readouterr().err.splitlines()
     i = err.index("paper protocol (lowercased, punctuation-normalized, Moses-tokenized, en):")
     assert err[i + 1].startswith("BLEU|nrefs:1|case:mixed|eff:no|tok:none|")
     assert err[i + 1].split(" = ")[1].startswith("100.0 ")
     bad = write_lines(tmp_path / "ref.tok", paper_protocol(copy_inputs[:8], "en"))
-    assert translate_script.main(args[:-1] + [str(bad)]) == 1
+    assert translate_command.main(args[:-1] + [str(bad)]) == 1
     assert "give --paper-lang" in capsys.readouterr().err
-    assert translate_script.main(args[:-1] + [str(bad), "--paper-lang", "en"]) == 0
+    assert translate_command.main(args[:-1] + [str(bad), "--paper-lang", "en"]) == 0
 
 
 def test_script_interactive(copy_checkpoint, copy_inputs, monkeypatch, capsys):
     stdin = io.TextIOWrapper(io.BytesIO("".join(s + "\n" for s in copy_inputs[:3]).encode()))
     stdin.isatty = lambda: True
     monkeypatch.setattr(sys, "stdin", stdin)
-    assert translate_script.main(["--checkpoint", str(copy_checkpoint), "--device", "cpu"]) == 0
+    assert translate_command.main(["--checkpoint", str(copy_checkpoint), "--device", "cpu"]) == 0
     captured = capsys.readouterr()
     assert captured.out.splitlines() == copy_inputs[:3]
     assert "sent" not in captured.err  # no progress bar
@@ -357,7 +352,7 @@ def test_script_interactive(copy_checkpoint, copy_inputs, monkeypatch, capsys):
 def test_script_nbest(copy_checkpoint, copy_inputs, tmp_path):
     lines = copy_inputs[:5] + [""]
     src = write_lines(tmp_path / "in.txt", lines)
-    assert translate_script.main(["--checkpoint", str(copy_checkpoint), "--input", str(src),
+    assert translate_command.main(["--checkpoint", str(copy_checkpoint), "--input", str(src),
                                   "--output", str(tmp_path / "out.txt"), "--beam-size", "4",
                                   "--nbest", "3", "--device", "cpu"]) == 0
     rows = [r.split("\t") for r in (tmp_path / "out.txt").read_text().splitlines()]
@@ -375,7 +370,7 @@ def test_script_nbest(copy_checkpoint, copy_inputs, tmp_path):
 def test_script_reference_line_count_mismatch(copy_checkpoint, copy_inputs, tmp_path, capsys):
     src = write_lines(tmp_path / "in.txt", copy_inputs[:5])
     ref = write_lines(tmp_path / "ref.txt", copy_inputs[:4])
-    assert translate_script.main(["--checkpoint", str(copy_checkpoint), "--input", str(src),
+    assert translate_command.main(["--checkpoint", str(copy_checkpoint), "--input", str(src),
                                   "--reference", str(ref), "--device", "cpu"]) == 1
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "4 lines" in err and "has 5" in err
@@ -391,7 +386,7 @@ def test_script_bad_checkpoints_exit_1_with_one_line(random_runs, tmp_path, caps
                           (tmp_path / "bad_tokenizer.pt", "unreadable tokenizer"),
                           (tmp_path / "missing.pt", "not found"),
                           (tmp_path, "no checkpoint_best.pt")):
-        assert translate_script.main(["--checkpoint", str(path), "--input", "/dev/null"]) == 1
+        assert translate_command.main(["--checkpoint", str(path), "--input", "/dev/null"]) == 1
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err and err.startswith("error: ")
 
@@ -406,7 +401,7 @@ def test_script_corrupt_checkpoint_exits_1(tmp_path):
     assert result.stderr.count("\n") == 1 and str(bad) in result.stderr
 
 
-# ---- choosing checkpoints and length penalty on validation data (scripts/tune_decoding.py) ----
+# ---- choosing checkpoints and length penalty on validation data (transformer tune-decoding) ----
 
 
 @pytest.fixture(scope="module")
@@ -458,7 +453,7 @@ def test_tune_decoding_scores_every_average_and_alpha(copy_run, copy_inputs):
 
 def test_tune_decoding_script_writes_the_chosen_average(copy_run, copy_inputs, copy_checkpoint,
                                                         tmp_path, capsys):
-    script = _load_path("tune_decoding", ROOT / "scripts" / "tune_decoding.py")
+    script = tune_decoding_command
     src = write_lines(tmp_path / "valid.src", copy_inputs)
     out = tmp_path / "chosen.pt"
     args = [str(copy_run), "-o", str(out), "--src", str(src), "--ref", str(src),
@@ -466,11 +461,13 @@ def test_tune_decoding_script_writes_the_chosen_average(copy_run, copy_inputs, c
     assert script.main(args) == 0  # all checkpoints: the newest ones are random
     chosen = torch.load(out, weights_only=True)
     assert chosen["averaged_from"][-1] == str(copy_run / "checkpoints" / "checkpoint_30.pt")
-    assert chosen["decoding"]["valid_bleu"] < 50
+    assert chosen["valid_bleu"] < 50
     assert script.main(args + ["--within", "250"]) == 0  # newest in time: the copy model
     chosen = torch.load(out, weights_only=True)
     assert chosen["averaged_from"] == [str(copy_run / "checkpoints" / "checkpoint_20.pt")]
-    assert chosen["decoding"] == {"alpha": 1.0, "beam_size": 2, "valid_bleu": pytest.approx(100)}
+    assert chosen["valid_bleu"] == pytest.approx(100)
+    assert stored_decoding(chosen) == DecodingSettings(alpha=1.0, beam_size=2)
+    assert "optimizer" not in chosen  # for translation: no training state
     copy = torch.load(copy_checkpoint, weights_only=True)["model"]
     assert all(torch.equal(chosen["model"][k], v) for k, v in copy.items())
     assert "alpha 1: validation BLEU 100.00" in capsys.readouterr().out

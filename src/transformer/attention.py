@@ -1,9 +1,11 @@
 """Multi-head attention as *Dive into Deep Learning* teaches it, made fast.
 
-The public API follows the book's PyTorch code (`masked_softmax`, `transpose_qkv`,
-`transpose_output`, `DotProductAttention`, `MultiHeadAttention(key_size, query_size,
-value_size, num_hiddens, num_heads, dropout, bias=False)`), so the book's examples run
-unchanged. On top of it, as keyword-only arguments of `MultiHeadAttention.forward`:
+The public API follows the book's PyTorch code as d2l-zh and the earlier editions of d2l-en
+print it (`masked_softmax`, `transpose_qkv`, `transpose_output`, `DotProductAttention`,
+`MultiHeadAttention(key_size, query_size, value_size, num_hiddens, num_heads, dropout,
+bias=False)`), so their examples run unchanged; today's d2l-en builds the projections
+lazily, `MultiHeadAttention(num_hiddens, num_heads, dropout, bias=False)`. On top of it, as
+keyword-only arguments of `MultiHeadAttention.forward`:
 
 * `key_mask` (bool, True = a real key) as an alternative to `valid_lens`;
 * `causal=True` for decoder self-attention (query i sees keys <= i);
@@ -29,8 +31,8 @@ of 0) yields an all-zero weight row and a zero output, never NaN.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -60,13 +62,14 @@ def _valid_lens_mask(valid_lens: Tensor, num_queries: int, num_keys: int) -> Ten
     if valid_lens.dim() == 2:  # (batch, queries): one length per query
         if valid_lens.shape[1] != num_queries:
             raise ValueError(
-                f"2-D valid_lens must have shape (batch, {num_queries}), got {tuple(valid_lens.shape)}"
+                f"2-D valid_lens must have shape (batch, {num_queries}), "
+                f"got {tuple(valid_lens.shape)}"
             )
         return keys[None, None, :] < valid_lens[:, :, None]
     raise ValueError(f"valid_lens must be 1-D or 2-D, got shape {tuple(valid_lens.shape)}")
 
 
-def _masked_softmax(scores: Tensor, mask: Optional[Tensor]) -> Tensor:
+def _masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
     """Softmax over the last axis; where `mask` is False the weight is exactly 0.
 
     A row whose mask is all False gives all zeros (not NaN, not uniform).
@@ -78,7 +81,7 @@ def _masked_softmax(scores: Tensor, mask: Optional[Tensor]) -> Tensor:
     return F.softmax(scores, dim=-1).masked_fill(~mask, 0.0)
 
 
-def masked_softmax(X: Tensor, valid_lens: Optional[Tensor]) -> Tensor:
+def masked_softmax(X: Tensor, valid_lens: Tensor | None) -> Tensor:
     """The book's masked softmax: keys at or beyond `valid_lens` get weight exactly 0.
 
     X: (batch, queries, keys); valid_lens: None, (batch,) or (batch, queries).
@@ -93,11 +96,11 @@ def attention_mask(
     num_queries: int,
     num_keys: int,
     *,
-    valid_lens: Optional[Tensor] = None,
-    key_mask: Optional[Tensor] = None,
+    valid_lens: Tensor | None = None,
+    key_mask: Tensor | None = None,
     causal: bool = False,
-    device: Optional[torch.device] = None,
-) -> Optional[Tensor]:
+    device: torch.device | None = None,
+) -> Tensor | None:
     """Combine every kind of mask into one boolean mask, True = may attend.
 
     Returns None when nothing is masked, else a tensor broadcastable to
@@ -161,16 +164,16 @@ class DotProductAttention(nn.Module):
     def __init__(self, dropout: float, **kwargs):
         super().__init__(**kwargs)
         self.dropout = Dropout(dropout)
-        self.attention_weights: Optional[Tensor] = None
+        self.attention_weights: Tensor | None = None
 
     def forward(
         self,
         queries: Tensor,
         keys: Tensor,
         values: Tensor,
-        valid_lens: Optional[Tensor] = None,
+        valid_lens: Tensor | None = None,
         *,
-        mask: Optional[Tensor] = None,
+        mask: Tensor | None = None,
     ) -> Tensor:
         """queries (b, q, d), keys (b, k, d), values (b, k, v) -> (b, q, v).
 
@@ -196,8 +199,8 @@ class KVCache:
     """
 
     static: bool = False
-    keys: Optional[Tensor] = None
-    values: Optional[Tensor] = None
+    keys: Tensor | None = None
+    values: Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -240,7 +243,7 @@ class MultiHeadAttention(nn.Module):
         # None, or (num_heads,) or (batch, num_heads): each head's output is multiplied by
         # its entry before W_o. Set by `transformer.heads`; None costs nothing. A per-example
         # mask is for teacher-forced passes (beam search reorders and drops batch rows).
-        self.head_mask: Optional[Tensor] = None
+        self.head_mask: Tensor | None = None
         self.attention = DotProductAttention(dropout)
         self.W_q = nn.Linear(query_size, num_hiddens, bias=bias)
         self.W_k = nn.Linear(key_size, num_hiddens, bias=bias)
@@ -249,7 +252,7 @@ class MultiHeadAttention(nn.Module):
         self.need_weights = False  # default for `forward(need_weights=None)`
 
     @property
-    def head_attention_weights(self) -> Optional[Tensor]:
+    def head_attention_weights(self) -> Tensor | None:
         """The last weights per head, (batch, num_heads, queries, keys), for plotting."""
         w = self.attention.attention_weights
         return None if w is None else w.unflatten(0, (-1, self.num_heads))
@@ -290,12 +293,12 @@ class MultiHeadAttention(nn.Module):
         queries: Tensor,
         keys: Tensor,
         values: Tensor,
-        valid_lens: Optional[Tensor] = None,
+        valid_lens: Tensor | None = None,
         *,
-        key_mask: Optional[Tensor] = None,
+        key_mask: Tensor | None = None,
         causal: bool = False,
-        need_weights: Optional[bool] = None,
-        cache: Optional[KVCache] = None,
+        need_weights: bool | None = None,
+        cache: KVCache | None = None,
     ) -> Tensor:
         """queries (batch, q, query_size), keys/values (batch, k, *) -> (batch, q, num_hiddens).
 
@@ -331,7 +334,7 @@ class MultiHeadAttention(nn.Module):
         return self.W_o(_merge_heads(output))  # (batch, q, num_hiddens)
 
     def _project(
-        self, queries: Tensor, keys: Tensor, values: Tensor, cache: Optional[KVCache]
+        self, queries: Tensor, keys: Tensor, values: Tensor, cache: KVCache | None
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Project and split heads, using and updating the cache."""
         h = self.num_heads
@@ -357,10 +360,10 @@ class MultiHeadAttention(nn.Module):
             cache.keys, cache.values = k, v
         return q, k, v
 
-    def _explicit_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
+    def _explicit_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """The book's path: heads folded into the batch axis, weights kept."""
         batch_size, h, num_queries, head_dim = q.shape
-        fold = lambda x: x.reshape(batch_size * h, x.shape[2], head_dim)  # noqa: E731
+        fold = lambda x: x.reshape(batch_size * h, x.shape[2], head_dim)
         if mask is not None:  # (batch, 1, q, k) -> (batch * heads, q, k)
             mask = mask.expand(batch_size, h, num_queries, k.shape[2]).reshape(
                 batch_size * h, num_queries, k.shape[2])
@@ -368,7 +371,7 @@ class MultiHeadAttention(nn.Module):
         return output.unflatten(0, (batch_size, h))  # (batch, heads, q, head_dim)
 
     def _fused_attention(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
     ) -> Tensor:
         """SDPA with the explicit path's semantics, guarding fully masked query rows."""
         dropout_p = self.attention.dropout.p if self.training else 0.0

@@ -10,16 +10,17 @@ Every attention layer is a `MultiHeadAttention` named as in `model.named_modules
 the SentencePiece pieces. Decoder rows are labelled with the token each position predicts
 (as JoeyNMT plots them); decoder self-attention columns with the token each position reads
 (`<s>` first). `encoder_decoder_figure` is the figure training logs to TensorBoard at each
-validation; `write_attention_maps` writes one PNG per layer (scripts/attention_maps.py).
+validation; `write_attention_maps` writes one PNG per layer (`transformer attention-maps`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Union
 
 import torch
 from torch import Tensor
@@ -74,7 +75,7 @@ def recording_attention(model: Transformer) -> Iterator[list[AttentionLayer]]:
         with eval_mode(model):
             yield layers
     finally:
-        for layer, flag in zip(layers, flags):
+        for layer, flag in zip(layers, flags, strict=True):
             layer.module.need_weights = flag
             layer.module.attention.attention_weights = None
 
@@ -105,7 +106,7 @@ def axis_labels(tokenizers: TokenizerPair, src_ids: Sequence[int],
 
 def plot_attention(rows: Sequence[tuple[str, Tensor, Sequence[int]]],
                    query_labels: Sequence[str], key_labels: Sequence[str],
-                   title: str = "") -> "Figure":
+                   title: str = "") -> Figure:
     """A grid of attention maps: one row per (row title, weights (heads, queries, keys),
     original head indices), one panel per head. The colour scale runs from 0 to the largest
     weight in the figure (diffuse heads would be invisible on a 0..1 scale).
@@ -153,7 +154,7 @@ def _rows(model: Transformer, maps: dict[str, Tensor],
 
 
 def encoder_decoder_figure(model: Transformer, tokenizers: TokenizerPair, source: str,
-                           target: str) -> "Figure":
+                           target: str) -> Figure:
     """Encoder-decoder attention of one sentence pair (teacher-forced on `target`): one row
     of panels per decoder layer, one panel per head. Training logs it to TensorBoard."""
     src_ids, tgt_ids = tokenizers.src.encode(source), tokenizers.tgt.encode(target)

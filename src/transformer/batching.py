@@ -15,7 +15,7 @@ Translation packs its length-sorted sentences with `pack` too (`search.search_co
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -113,7 +113,7 @@ def train_batches(
 
 def eval_batches(
     src_lens: Lengths,
-    tgt_lens: Optional[Lengths],
+    tgt_lens: Lengths,
     max_tokens: int,
     *,
     rank: int = 0,
@@ -121,16 +121,11 @@ def eval_batches(
 ) -> list[np.ndarray]:
     """Batches in a fixed order for validation/test: sorted by size (the larger side, then
     source, then target) so padding stays small; every sentence is kept. Restore the file
-    order with `Batch.indices`. Pass `tgt_lens=None` to size batches by the source only
-    (translation)."""
+    order with `Batch.indices`."""
     src_size = np.asarray(src_lens, dtype=np.int64) + 1
-    if tgt_lens is None:
-        sizes = src_size
-        order = np.argsort(src_size, kind="stable")
-    else:
-        tgt_size = np.asarray(tgt_lens, dtype=np.int64) + 1
-        sizes = np.maximum(src_size, tgt_size)
-        order = np.lexsort((tgt_size, src_size, sizes))
+    tgt_size = np.asarray(tgt_lens, dtype=np.int64) + 1
+    sizes = np.maximum(src_size, tgt_size)
+    order = np.lexsort((tgt_size, src_size, sizes))
     return shard(pack(order, sizes, max_tokens), rank, world_size)
 
 

@@ -6,8 +6,8 @@ Post-norm (`LayerNorm(X + Sublayer(X))`, the paper and the book) is the default;
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 from torch import Tensor, nn
 
@@ -67,7 +67,7 @@ class EncoderBlock(nn.Module):
         self.ffn = PositionWiseFFN(num_hiddens, ffn_num_hiddens)
         self.addnorm2 = AddNorm(num_hiddens, dropout, norm_first)
 
-    def forward(self, X: Tensor, valid_lens: Optional[Tensor]) -> Tensor:
+    def forward(self, X: Tensor, valid_lens: Tensor | None) -> Tensor:
         """X (batch, src_len, num_hiddens), valid_lens (batch,) -> same shape as X."""
         Y = self.addnorm1.residual(X, lambda x: self.attention(x, x, x, valid_lens))
         return self.addnorm2.residual(Y, self.ffn)
@@ -99,8 +99,8 @@ class DecoderBlock(nn.Module):
         self.ffn = PositionWiseFFN(num_hiddens, ffn_num_hiddens)
         self.addnorm3 = AddNorm(num_hiddens, dropout, norm_first)
 
-    def forward(self, X: Tensor, enc_outputs: Tensor, enc_valid_lens: Optional[Tensor],
-                cache: Optional[LayerCache] = None) -> Tensor:
+    def forward(self, X: Tensor, enc_outputs: Tensor, enc_valid_lens: Tensor | None,
+                cache: LayerCache | None = None) -> Tensor:
         """X (batch, tgt_len, num_hiddens), enc_outputs (batch, src_len, num_hiddens).
 
         With `cache`, X holds only the new steps; earlier steps come from the cache.

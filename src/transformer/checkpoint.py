@@ -1,4 +1,5 @@
-"""Checkpoints: atomic save, safe load, model rebuild, averaging.
+"""Checkpoints: atomic save, safe load, model rebuild, averaging, and the one builder of
+checkpoints for translation.
 
 A checkpoint is a dict of tensors and plain Python values only, loaded with
 `torch.load(weights_only=True)`, so a checkpoint from someone else cannot run code:
@@ -7,7 +8,13 @@ A checkpoint is a dict of tensors and plain Python values only, loaded with
     model           state dict
     model_config    ModelConfig.to_dict()
     tokenizer       {"src": bytes, "tgt": bytes} SentencePiece model protos
-    ...             whatever else the trainer stores (optimizer, counters, RNG states)
+    config          TrainConfig.to_dict() of the run that trained it, or None
+    decoding        DecodingSettings fields chosen for it (tune-decoding), if any
+    ...             where it came from (averaged_from, pruned_from, ...), and in training
+                    checkpoints the state to resume (optimizer, counters, RNG states)
+
+`inference_checkpoint` builds the common part, for every writer: training, averaging,
+tuning, pruning. `stored_training_config` and `stored_decoding` read it back, typed.
 
 A training run keeps, in `run_dir/checkpoints/`: `checkpoint_last.pt` (resume from here),
 `checkpoint_best.pt` (best validation BLEU) and the last K `checkpoint_<updates>.pt`
@@ -16,16 +23,20 @@ A training run keeps, in `run_dir/checkpoints/`: `checkpoint_last.pt` (resume fr
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import random
 import re
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Union
 
 import torch
 
+from .config import DecodingSettings, TrainConfig
+from .errors import CheckpointError, ConfigError
 from .files import atomic_write
 from .model import ModelConfig, Transformer
 from .tokenizer import Tokenizer, TokenizerPair
@@ -33,19 +44,15 @@ from .tokenizer import Tokenizer, TokenizerPair
 FORMAT_VERSION = 1
 PathLike = Union[str, "os.PathLike[str]"]
 
-__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "check_model_config",
-           "model_from_checkpoint", "tokenizers_to_state", "tokenizers_from_state",
-           "average_checkpoints", "LAST", "BEST", "numbered_checkpoint_path",
-           "numbered_checkpoints", "prune_checkpoints", "copy_checkpoint", "rng_state",
-           "set_rng_state"]
+__all__ = ["save_checkpoint", "load_checkpoint", "check_model_config", "model_from_checkpoint",
+           "tokenizers_to_state", "tokenizers_from_state", "stored_training_config",
+           "stored_decoding", "inference_checkpoint", "average_checkpoints", "LAST", "BEST",
+           "numbered_checkpoint_path", "numbered_checkpoints", "prune_checkpoints",
+           "copy_checkpoint", "rng_state", "set_rng_state"]
 
 LAST = "checkpoint_last.pt"
 BEST = "checkpoint_best.pt"
 _NUMBERED = re.compile(r"checkpoint_(\d+)\.pt")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint file that is missing, corrupt, unsafe or incompatible."""
 
 
 def save_checkpoint(state: dict[str, Any], path: PathLike) -> None:
@@ -95,7 +102,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cpu", *,
+def load_checkpoint(path: PathLike, map_location: str | torch.device = "cpu", *,
                     mmap: bool = False) -> dict:
     """Load a checkpoint safely (`weights_only=True`), with errors that name the file.
     `mmap=True` maps the tensors instead of reading them: cheap when only the plain values
@@ -113,7 +120,7 @@ def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cp
         raise CheckpointError(
             f"refusing to load {path}: it holds objects other than tensors and plain values, "
             f"which could run code when unpickled. {culprit}") from e
-    except Exception as e:  # noqa: BLE001 -- random bytes fail in many ways inside unpickling
+    except Exception as e:
         raise CheckpointError(f"corrupt or truncated checkpoint {path}: "
                               f"{type(e).__name__}: {e}") from e
     if not isinstance(state, dict) or "model" not in state or "model_config" not in state:
@@ -155,18 +162,57 @@ def tokenizers_from_state(state: dict, path: PathLike = "checkpoint") -> Tokeniz
     stored = state.get("tokenizer")
     if not isinstance(stored, dict) or not {"src", "tgt"} <= stored.keys():
         raise CheckpointError(f"{path} holds no tokenizer (expected tokenizer.src/.tgt bytes)")
-    src = Tokenizer.from_bytes(stored["src"])
-    tgt = src if stored["tgt"] == stored["src"] else Tokenizer.from_bytes(stored["tgt"])
+    try:
+        src = Tokenizer.from_bytes(stored["src"])
+        tgt = src if stored["tgt"] == stored["src"] else Tokenizer.from_bytes(stored["tgt"])
+    except (RuntimeError, ValueError, TypeError) as e:  # a corrupt SentencePiece proto
+        raise CheckpointError(f"{path} holds an unreadable tokenizer: "
+                              f"{str(e).splitlines()[0] if str(e) else e!r}") from e
     return TokenizerPair(src, tgt)
 
 
-def average_checkpoints(paths: Sequence[PathLike]) -> dict:
-    """Average the model parameters of several checkpoints of the same model.
+def stored_training_config(state: dict, path: PathLike = "checkpoint") -> TrainConfig | None:
+    """The training config a checkpoint records (`TrainConfig.from_dict`), or None."""
+    stored = state.get("config")
+    if stored is None:
+        return None
+    try:
+        return TrainConfig.from_dict(stored)
+    except ConfigError as e:
+        raise CheckpointError(f"{path} holds an invalid training config: {e}") from e
 
-    The result keeps the first checkpoint's model config, tokenizer and training config (the
-    language pair, for tools that read it) and drops the training state (optimizer,
-    counters): it is for translation, not for resuming.
-    """
+
+def stored_decoding(state: dict, path: PathLike = "checkpoint") -> DecodingSettings:
+    """The decoding settings a checkpoint stores (`decoding`: beam size, alpha, ... chosen
+    on validation data), over the defaults; a checkpoint without them gets the defaults."""
+    try:
+        return DecodingSettings.from_dict(state.get("decoding") or {})
+    except ConfigError as e:
+        raise CheckpointError(f"{path} has invalid decoding settings: {e}") from e
+
+
+def inference_checkpoint(model: Transformer, tokenizers: TokenizerPair, *,
+                         training_config: TrainConfig | None,
+                         decoding: DecodingSettings | None = None,
+                         **provenance: Any) -> dict[str, Any]:
+    """A checkpoint that translates, as every writer builds it: the model's weights and
+    config (pruned heads included), its tokenizers, the training config of its run (the
+    language pair and data, which the evaluation tools read), the decoding settings chosen
+    for it (None: the defaults) and `provenance`, plain values saying where it came from
+    (e.g. `averaged_from=[...]`). A training checkpoint adds its resume state to this."""
+    state = {"model": model.state_dict(), "model_config": model.config.to_dict(),
+             "tokenizer": tokenizers_to_state(tokenizers),
+             "config": None if training_config is None else training_config.to_dict()}
+    if decoding is not None:
+        state["decoding"] = dataclasses.asdict(decoding)
+    return {**state, **provenance}
+
+
+def average_checkpoints(paths: Sequence[PathLike]) -> dict[str, Any]:
+    """The inference checkpoint whose parameters are the mean of several checkpoints' (in
+    float64, then cast back), with the first one's tokenizer, training config and decoding
+    settings, and `averaged_from`. The training state (optimizer, counters) is dropped: it
+    is for translation, not for resuming."""
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint")
     first = load_checkpoint(paths[0])
@@ -179,8 +225,10 @@ def average_checkpoints(paths: Sequence[PathLike]) -> dict:
         for k, v in state["model"].items():
             if total[k].is_floating_point():
                 total[k] += v.double()
-    model = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v
-             for k, v in total.items()}
-    return {"format_version": FORMAT_VERSION, "model": model,
-            "model_config": first["model_config"], "tokenizer": first.get("tokenizer"),
-            "config": first.get("config"), "averaged_from": [str(p) for p in paths]}
+    weights = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v
+               for k, v in total.items()}
+    model = model_from_checkpoint({**first, "model": weights}, paths[0])
+    return inference_checkpoint(model, tokenizers_from_state(first, paths[0]),
+                                training_config=stored_training_config(first, paths[0]),
+                                decoding=stored_decoding(first, paths[0]),
+                                averaged_from=[str(p) for p in paths])

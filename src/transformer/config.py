@@ -1,33 +1,36 @@
-"""Typed training configuration: every schema behind `configs/*.yaml`, in one module.
+"""Typed configuration: every schema behind the package's `configs/*.yaml`, in one module,
+and the decoding settings every translator starts from.
 
-Hydra composes `configs/config.yaml` with one option per group (`model/`, `data/`, `optim/`,
-`trainer/`, `experiment/`) onto `TrainConfig`, registered in Hydra's ConfigStore as
+Hydra composes `configs/config.yaml` (package data, `CONFIG_DIR`; a user's own directory is
+searched first with `--config-dir DIR`) with one option per group (`model/`, `data/`,
+`optim/`, `trainer/`, `experiment/`) onto `TrainConfig`, registered in Hydra's ConfigStore as
 `train_schema`. So a misspelled key or a value of the wrong type fails while composing, with
 the key named, and `load_config` turns the result into dataclasses whose `validate()` checks
-value ranges (`optim.lr must be > 0, got -1.0`) before anything is trained.
+value ranges (`ConfigError: optim.lr must be > 0, got -1.0`) before anything is trained. A
+checkpoint stores its run's config as plain values (`TrainConfig.to_dict`), read back once
+at load by `TrainConfig.from_dict`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
-
-from hydra import compose, initialize_config_dir
-from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from typing import TYPE_CHECKING, Any
 
 from . import multi30k
+from .errors import ConfigError
 from .model import Hyperparameters, ModelConfig
 from .tokenizer import MODEL_TYPES
 
-__all__ = ["ModelSettings", "DataConfig", "OptimConfig", "TrainerConfig", "TrainConfig",
-           "load_config", "load_config_or_exit", "compose_config", "register_configs",
-           "CONFIG_DIR"]
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"  # the repository's configs/
+__all__ = ["ModelSettings", "DataConfig", "OptimConfig", "TrainerConfig", "TrainConfig",
+           "DecodingSettings", "load_config", "compose_config", "register_configs", "CONFIG_DIR"]
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # package data: config.yaml + groups
 
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("inverse_sqrt", "constant")
@@ -37,7 +40,14 @@ SPLITS = ("train", "valid", "test")
 
 def _check(ok: bool, message: str) -> None:
     if not ok:
-        raise ValueError(message)
+        raise ConfigError(message)
+
+
+def _known_fields(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of `values` that are fields of the dataclass `cls` (a stored config may
+    come from another version of the package, with keys this one does not know)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in values.items() if k in names}
 
 
 def _is_int(value: Any) -> bool:
@@ -81,23 +91,23 @@ class DataConfig:
     root: str = multi30k.DEFAULT_ROOT  # Multi30k folder; missing files downloaded
     src_lang: str = "en"
     tgt_lang: str = "de"
-    train_src: Optional[str] = None
-    train_tgt: Optional[str] = None
-    valid_src: Optional[str] = None
-    valid_tgt: Optional[str] = None
-    test_src: Optional[str] = None
-    test_tgt: Optional[str] = None
+    train_src: str | None = None
+    train_tgt: str | None = None
+    valid_src: str | None = None
+    valid_tgt: str | None = None
+    test_src: str | None = None
+    test_tgt: str | None = None
     base_url: str = multi30k.URL  # Multi30k download prefix: <base_url><stem>.<lang>.gz
     vocab_size: int = 8000
     spm_model_type: str = "unigram"  # or "bpe"
     joint_vocab: bool = True  # one SentencePiece model for both sides
-    spm_model: Optional[str] = None  # an existing .model to use instead of training one
+    spm_model: str | None = None  # an existing .model to use instead of training one
     max_len: int = 256
     max_tokens: int = 4096
     seed: int = 1
-    max_train_pairs: Optional[int] = None  # use only the first N training pairs (smoke runs)
+    max_train_pairs: int | None = None  # use only the first N training pairs (smoke runs)
     spm_max_sentences: int = 500_000  # SentencePiece trains on a seeded sample of N pairs
-    cache_dir: Optional[str] = None  # where the encoded stores go; null: <run dir>/cache
+    cache_dir: str | None = None  # where the encoded stores go; null: <run dir>/cache
 
     def __post_init__(self) -> None:
         self.validate()
@@ -107,51 +117,51 @@ class DataConfig:
         for key in ("vocab_size", "max_len", "max_tokens", "spm_max_sentences"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"data.{key} must be a positive integer, got {value!r}")
+                raise ConfigError(f"data.{key} must be a positive integer, got {value!r}")
         if self.max_train_pairs is not None and (
             isinstance(self.max_train_pairs, bool) or not isinstance(self.max_train_pairs, int)
             or self.max_train_pairs <= 0
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"data.max_train_pairs must be a positive integer or null, "
                 f"got {self.max_train_pairs!r}"
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"data.seed must be an integer, got {self.seed!r}")
+            raise ConfigError(f"data.seed must be an integer, got {self.seed!r}")
         if self.max_tokens < self.max_len:
-            raise ValueError(
+            raise ConfigError(
                 f"data.max_tokens ({self.max_tokens}) must be >= data.max_len "
                 f"({self.max_len}) so that every training pair fits in a batch"
             )
         if self.spm_model_type not in MODEL_TYPES:
-            raise ValueError(
+            raise ConfigError(
                 f"data.spm_model_type must be one of {MODEL_TYPES}, got {self.spm_model_type!r}"
             )
         if not isinstance(self.joint_vocab, bool):
-            raise ValueError(f"data.joint_vocab must be true or false, got {self.joint_vocab!r}")
+            raise ConfigError(f"data.joint_vocab must be true or false, got {self.joint_vocab!r}")
         if self.spm_model is not None and not self.joint_vocab:
-            raise ValueError("data.spm_model needs a joint vocabulary (data.joint_vocab=true)")
+            raise ConfigError("data.spm_model needs a joint vocabulary (data.joint_vocab=true)")
         file_keys = [f"{s}_{side}" for s in SPLITS for side in ("src", "tgt")]
         if self.name == "multi30k":
             for key in ("src_lang", "tgt_lang"):
                 if getattr(self, key) not in multi30k.LANGS:
-                    raise ValueError(
+                    raise ConfigError(
                         f"data.{key} must be one of {multi30k.LANGS} for Multi30k, "
                         f"got {getattr(self, key)!r}"
                     )
             if self.src_lang == self.tgt_lang:
-                raise ValueError(f"data.src_lang and data.tgt_lang are both {self.src_lang!r}")
+                raise ConfigError(f"data.src_lang and data.tgt_lang are both {self.src_lang!r}")
             for key in file_keys:
                 if getattr(self, key) is not None:
-                    raise ValueError(f"data.{key} is only used with data.name=files")
+                    raise ConfigError(f"data.{key} is only used with data.name=files")
         elif self.name == "files":
             for key in file_keys[:4]:
                 if not getattr(self, key):
-                    raise ValueError(f"data.{key} must be set when data.name=files")
+                    raise ConfigError(f"data.{key} must be set when data.name=files")
             if (self.test_src is None) != (self.test_tgt is None):
-                raise ValueError("data.test_src and data.test_tgt must be set together")
+                raise ConfigError("data.test_src and data.test_tgt must be set together")
         else:
-            raise ValueError(f"data.name must be 'multi30k' or 'files', got {self.name!r}")
+            raise ConfigError(f"data.name must be 'multi30k' or 'files', got {self.name!r}")
 
 
 @dataclass
@@ -160,7 +170,7 @@ class OptimConfig:
 
     name: str = "adam"  # adam | adamw
     lr: float = 5e-4  # peak learning rate (reached at the end of warmup)
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.98])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-8
     weight_decay: float = 0.0
     schedule: str = "inverse_sqrt"  # inverse_sqrt | constant (both after linear warmup)
@@ -202,9 +212,9 @@ class TrainerConfig:
     device: str = "auto"  # auto (CUDA if present, else CPU) | cpu | cuda | cuda:N
     precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
     compile: bool = False  # torch.compile the model for training (pays off in long runs)
-    max_epochs: Optional[int] = None  # the limits: training stops at the first one reached
-    max_updates: Optional[int] = None
-    max_time: Optional[float] = None  # seconds of training, summed over resumed runs
+    max_epochs: int | None = None  # the limits: training stops at the first one reached
+    max_updates: int | None = None
+    max_time: float | None = None  # seconds of training, summed over resumed runs
     validate_every_updates: int = 0  # also validate every N updates; 0: only after epochs
     validate_after_updates: int = 0  # no validation before this many updates (checkpoints
     #                                  are still saved after every epoch); 0: from the start
@@ -217,8 +227,8 @@ class TrainerConfig:
     resume: bool = False  # require checkpoints/checkpoint_last.pt (used anyway if present)
     log_every_updates: int = 50  # train.log/TensorBoard interval
     max_bad_updates: int = 5  # stop after N non-finite losses/gradients in a row
-    bleu_max_sentences: Optional[int] = None  # decode only the first N validation sentences
-    decode_max_tokens: Optional[int] = None  # source tokens per decoding batch; null: data's
+    bleu_max_sentences: int | None = None  # decode only the first N validation sentences
+    decode_max_tokens: int | None = None  # source tokens per decoding batch; null: data's
     decode_max_len_a: float = 1.5  # output length limit: a * source length + b
     decode_max_len_b: int = 10
     num_samples: int = 4  # sample translations shown in TensorBoard per validation
@@ -283,35 +293,75 @@ class TrainConfig:
         """Plain values only (stored in checkpoints)."""
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
+        """The config `to_dict` stored (in a checkpoint or an export), validated: each
+        group's known keys over its defaults. Keys this version does not know are left out,
+        so checkpoints of other versions still load; a bad value raises ConfigError."""
+        groups = {"model": ModelSettings, "data": DataConfig, "optim": OptimConfig,
+                  "trainer": TrainerConfig}
+        try:
+            return cls(**{name: group(**_known_fields(group, values.get(name) or {}))
+                          for name, group in groups.items()}, seed=values.get("seed", 1))
+        except (TypeError, AttributeError) as e:  # a value of the wrong kind
+            raise ConfigError(f"invalid stored config: {e}") from e
+
+
+@dataclass(frozen=True)
+class DecodingSettings:
+    """How to decode: the defaults of every translator, `transformer translate` and the
+    server. A checkpoint written by `transformer tune-decoding` stores its own (chosen on
+    validation data), which `Translator.load` reads."""
+
+    beam_size: int = 5
+    alpha: float = 1.0  # GNMT length penalty; the best value depends on the model
+    max_len_a: float = 1.5  # outputs have at most a * source length + b tokens
+    max_len_b: int = 10
+
+    def __post_init__(self) -> None:
+        _check(self.beam_size >= 1 and self.alpha >= 0 and self.max_len_a >= 0
+               and self.max_len_b >= 1,
+               f"need beam_size >= 1, alpha >= 0, max_len_a >= 0 and max_len_b >= 1, "
+               f"got {self}")
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> DecodingSettings:
+        """Settings stored as plain values (a checkpoint's `decoding`, an export's), over the
+        defaults; other keys (e.g. the validation BLEU they were chosen by) are left out."""
+        try:
+            return cls(**_known_fields(cls, values))
+        except TypeError as e:
+            raise ConfigError(f"invalid decoding settings {dict(values)}: {e}") from e
+
+
+# Hydra and OmegaConf are imported where they are used: translating, serving and exporting
+# read configs as dataclasses and never need them.
 
 def register_configs() -> None:
-    """Register the schema that configs/config.yaml names in its defaults list."""
+    """Register the schema that configs/config.yaml names in its defaults list (before
+    Hydra composes; `compose_config` and the training commands call it)."""
+    from hydra.core.config_store import ConfigStore
+
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 
 
-register_configs()  # on import, before Hydra composes (scripts/train.py imports this module)
-
-
 def load_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
-    """A composed Hydra config -> validated `TrainConfig` (ValueError naming the key)."""
+    """A composed Hydra config -> validated `TrainConfig` (ConfigError naming the key)."""
     if isinstance(cfg, TrainConfig):
         cfg.validate()
         return cfg
+    from omegaconf import OmegaConf
+
     merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg)  # types, unknown keys
     return OmegaConf.to_object(merged)  # runs every validate()
 
 
-def load_config_or_exit(cfg: DictConfig) -> TrainConfig:
-    """`load_config` for entry points: a bad value exits with one line naming the key
-    (`config error: optim.lr must be > 0, got -1.0`), without a traceback."""
-    try:
-        return load_config(cfg)
-    except ValueError as e:
-        sys.exit(f"config error: {e}")
-
-
 def compose_config(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -> TrainConfig:
-    """Compose configs/ with command-line style `overrides` (as scripts/train.py would, but
-    without starting a Hydra app: for tests and notebooks) -> validated `TrainConfig`."""
+    """Compose `config_dir` (the package's configs) with command-line style `overrides` (as
+    `transformer train` would, but without starting a Hydra app: for tests and notebooks)
+    -> validated `TrainConfig`."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         return load_config(compose("config", overrides=list(overrides)))

@@ -1,6 +1,6 @@
 """A run's data: the files of each split -> the tokenizer pair -> one encoded store per split.
 
-Flow (see `load_data`; `scripts/prepare_data.py` runs it alone):
+Flow (see `load_data`; `transformer prepare-data` runs it alone):
 
 1. `resolve_files`: the config names a source and a target file per split (`data=files`),
    or Multi30k files in `data.root`, downloaded and checksummed if missing (`data=multi30k`).
@@ -25,15 +25,16 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import numpy as np
 
 from . import multi30k
 from .batching import eval_batches, train_batches
 from .config import SPLITS, DataConfig
+from .errors import DataError
 from .store import STORE_VERSION, ParallelCorpus, StoreWriter, read_meta
-from .text import DataError, iter_parallel, read_parallel
+from .text import iter_parallel, read_parallel
 from .tokenizer import Tokenizer, TokenizerPair
 from .vocabulary import existing_tokenizers, train_tokenizers
 
@@ -56,7 +57,7 @@ class SplitFiles:
     tgt: Path
 
 
-def split_files(cfg: DataConfig, split: str) -> Optional[SplitFiles]:
+def split_files(cfg: DataConfig, split: str) -> SplitFiles | None:
     """The files of `split` ("train", "valid", "test") as `cfg` names them, without checking
     or downloading them; None for a test split that `data=files` leaves unset."""
     if cfg.name == "multi30k":
@@ -80,7 +81,7 @@ def resolve_files(cfg: DataConfig) -> dict[str, SplitFiles]:
             continue
         for side, path in (("src", files.src), ("tgt", files.tgt)):
             if not path.is_file():
-                raise FileNotFoundError(f"data.{split}_{side}: no such file: {path}")
+                raise DataError(f"data.{split}_{side}: no such file: {path}")
         out[split] = files
     return out
 
@@ -106,7 +107,7 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _source(path: Path, sha256: Optional[str] = None) -> dict[str, Any]:
+def _source(path: Path, sha256: str | None = None) -> dict[str, Any]:
     """What a store records of a text file it was built from."""
     stat = path.stat()
     return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
@@ -174,7 +175,7 @@ class Data:
     tokenizers: TokenizerPair
     train: ParallelCorpus
     valid: ParallelCorpus  # src_text / tgt_text hold the raw lines (BLEU references)
-    test: Optional[ParallelCorpus] = None
+    test: ParallelCorpus | None = None
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -194,7 +195,7 @@ class Data:
     def eval_batches(
         self,
         split: str = "valid",
-        max_tokens: Optional[int] = None,
+        max_tokens: int | None = None,
         rank: int = 0,
         world_size: int = 1,
     ) -> list[np.ndarray]:
@@ -215,8 +216,8 @@ def load_data(
     cfg: DataConfig,
     run_dir: PathLike,
     *,
-    tokenizers: Optional[TokenizerPair] = None,
-    cache_dir: Optional[PathLike] = None,
+    tokenizers: TokenizerPair | None = None,
+    cache_dir: PathLike | None = None,
 ) -> Data:
     """Resolve the files, find or train the tokenizers, prepare and open every split's store.
 

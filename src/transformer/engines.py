@@ -1,7 +1,7 @@
 """Translation engines: our PyTorch `Translator`, or CTranslate2 running an exported model.
 
     translator = load_translator("runs/x", "torch")                 # a checkpoint or run dir
-    translator = load_translator("runs/x/ct2-int8", "ctranslate2")  # scripts/export.py's output
+    translator = load_translator("runs/x/ct2-int8", "ctranslate2")  # transformer export's output
     translator.translate(lines, beam_size=5)     # the same API and return values either way
 
 Both are `translator.BaseTranslator`s: the same source encoding, batching
@@ -24,7 +24,7 @@ How the CTranslate2 engine matches `search.beam_search`:
   search gives exactly our output; in beam search a hypothesis that runs past its limit may
   have beaten one that our search would have kept alive instead (rare).
 - PAD and BOS are never generated (suppressed), UNK may be, as ours.
-- An export with a vocabulary map (`vocab_map.py`, `scripts/export.py --vocab-map`) decodes
+- An export with a vocabulary map (`vocab_map.py`, `transformer export --vocab-map`) decodes
   over the candidates of the batch's source pieces only (CTranslate2's `use_vmap`): faster,
   but no longer our search over the whole vocabulary, and a sentence's output may depend on
   the sentences batched with it.
@@ -34,14 +34,17 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import Any, ClassVar, Union
 
 import torch
 
-from .export import ExportError, read_export, require_ctranslate2
-from .search import (DecodingSettings, Hypothesis, decode_batches,
-                     length_penalty, max_output_lengths)
+from .config import DecodingSettings
+from .errors import ExportError
+from .export import read_export, require_ctranslate2
+from .model import ModelConfig
+from .search import Hypothesis, decode_batches, length_penalty, max_output_lengths
 from .tokenizer import TokenizerPair
 from .translator import BaseTranslator, Translator
 
@@ -57,13 +60,13 @@ MAPPED_SUB_BATCH_TOKENS = 256
 
 
 class CTranslate2Translator(BaseTranslator):
-    """An exported model (`scripts/export.py`) run by CTranslate2, with the tokenizers and
+    """An exported model (`transformer export`) run by CTranslate2, with the tokenizers and
     decoding defaults stored beside it."""
 
-    engine = "ctranslate2"
+    engine: ClassVar[str] = "ctranslate2"
 
     def __init__(self, directory: PathLike, *, device: str = "cpu",
-                 threads: Optional[int] = None):
+                 threads: int | None = None):
         """`device`: "cpu", "cuda" or "auto"; `threads`: CPU threads, each decoding its own
         sub-batches of every batch (CTranslate2's `inter_threads`; None: one thread).
         Splitting each operation over threads instead (`intra_threads`) made a small model
@@ -72,10 +75,10 @@ class CTranslate2Translator(BaseTranslator):
         ctranslate2 = require_ctranslate2()
         info, tokenizers = read_export(directory)
         super().__init__(tokenizers, decoding=info.decoding_settings(),
-                         training_config=info.training_config)
+                         training_config=info.stored_training_config())
         self.directory = Path(directory)
         self.info = info
-        self.model_config = info.model()
+        self._model_config = info.model()
         self.device, index = _ct2_device(device)
         try:
             self.model = ctranslate2.Translator(str(directory), device=self.device,
@@ -89,13 +92,17 @@ class CTranslate2Translator(BaseTranslator):
         self._tgt_ids = {piece: i for i, piece in enumerate(_pieces(tokenizers, "tgt"))}
 
     @property
-    def vocab_map(self) -> Optional[dict]:
+    def model_config(self) -> ModelConfig:
+        return self._model_config
+
+    @property
+    def vocab_map(self) -> dict[str, Any] | None:
         """vmap.txt's counts (`ExportInfo.vocab_map`), or None: the whole vocabulary."""
         return self.info.vocab_map
 
     def _search(self, sources: list[list[int]], settings: DecodingSettings, *, nbest: int,
                 max_tokens: int, use_cache: bool,
-                on_progress: Optional[Callable[[int], None]]) -> list[list[Hypothesis]]:
+                on_progress: Callable[[int], None] | None) -> list[list[Hypothesis]]:
         if not use_cache:
             raise ValueError("use_cache=False exists only for the torch engine")
         if not 1 <= nbest <= settings.beam_size:
@@ -118,8 +125,8 @@ class CTranslate2Translator(BaseTranslator):
             max_decoding_length=max(limits) + 1, suppress_sequences=NEVER_GENERATED,
             use_vmap=self.vocab_map is not None)
         candidates = [[(pieces[:limit], log_prob)
-                       for pieces, log_prob in zip(result.hypotheses, result.scores)]
-                      for result, limit in zip(results, limits)]
+                       for pieces, log_prob in zip(result.hypotheses, result.scores, strict=True)]
+                      for result, limit in zip(results, limits, strict=True)]
         self._rescore_cut(sources, candidates, limits)
         return [self._ranked(hyps, settings.alpha, nbest) for hyps in candidates]
 
@@ -143,7 +150,8 @@ class CTranslate2Translator(BaseTranslator):
         scored = self.model.score_batch([sources[i] for i, _ in cut],
                                         [candidates[i][j][0] for i, j in cut],
                                         max_input_length=0)
-        for (i, j), result in zip(cut, scored):  # log_probs: one per token, EOS included
+        # log_probs: one per token, EOS included
+        for (i, j), result in zip(cut, scored, strict=True):
             candidates[i][j] = (candidates[i][j][0], float(sum(result.log_probs)))
 
     def _ranked(self, candidates: list[tuple[list[str], float]], alpha: float,
@@ -163,7 +171,7 @@ def _pieces(tokenizers: TokenizerPair, side: str) -> list[str]:
     return [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
 
 
-def _ct2_device(device: Union[str, torch.device]) -> tuple[str, int]:
+def _ct2_device(device: str | torch.device) -> tuple[str, int]:
     """"auto", "cpu", "cuda", "cuda:1" -> CTranslate2's (device, device_index)."""
     device = str(device)
     if device == "auto":
@@ -174,9 +182,9 @@ def _ct2_device(device: Union[str, torch.device]) -> tuple[str, int]:
     return kind, int(index or 0)
 
 
-def load_translator(checkpoint: Union[PathLike, Sequence[PathLike]], engine: str = "torch", *,
-                    device: Union[str, torch.device] = "auto",
-                    threads: Optional[int] = None) -> BaseTranslator:
+def load_translator(checkpoint: PathLike | Sequence[PathLike], engine: str = "torch", *,
+                    device: str | torch.device = "auto",
+                    threads: int | None = None) -> BaseTranslator:
     """A translator for `engine`: "torch" loads a checkpoint file or run directory (several
     are averaged) into `Translator`; "ctranslate2" loads an export directory. `threads` sets
     the engine's CPU threads (for torch: `torch.set_num_threads`, process-wide).
@@ -190,6 +198,6 @@ def load_translator(checkpoint: Union[PathLike, Sequence[PathLike]], engine: str
     paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
     if len(paths) != 1:
         raise ExportError("the ctranslate2 engine reads one export directory; average "
-                          "checkpoints before exporting (scripts/export.py takes several)")
+                          "checkpoints before exporting (transformer export takes several)")
     return CTranslate2Translator(paths[0], device=str(device), threads=threads)
 

@@ -3,7 +3,7 @@
 - `evaluation_text`: the validation or test pairs of the run a model came from, found the
   way the run found them (its `data=files` paths, or Multi30k in its `data.root`, else in
   the download cache), or two given files; `add_evaluation_arguments` and
-  `load_for_evaluation` are the matching command-line options and start of the scripts that
+  `load_for_evaluation` are the matching command-line options and start of the commands that
   evaluate a model (head importance, pruning).
 - `tune_decoding`: how many of a run's newest epoch checkpoints to average and which
   length-penalty alpha to decode with, by BLEU on validation data (the knobs Wu et al. 2021
@@ -16,19 +16,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import Union
 
 import torch
 from sacrebleu.metrics import BLEU
 
 from . import multi30k
-from .checkpoint import CheckpointError, load_checkpoint, numbered_checkpoints
-from .config import DataConfig
+from .checkpoint import load_checkpoint, numbered_checkpoints
+from .config import DataConfig, TrainConfig
 from .data import split_files
-from .text import DataError, ParallelText, read_parallel
+from .errors import CheckpointError, DataError
 from .search import DEFAULT_MAX_TOKENS
+from .text import ParallelText, read_parallel
 from .translator import Translator
 
 __all__ = ["run_data_config", "evaluation_text", "add_evaluation_arguments", "Evaluation",
@@ -41,21 +43,16 @@ PathLike = Union[str, "os.PathLike[str]"]
 # ---- evaluation data ----------------------------------------------------------------------
 
 
-def run_data_config(training_config: Optional[dict]) -> DataConfig:
-    """The data settings a checkpoint's training run used (`config.data`, as stored by the
-    trainer); CheckpointError if the checkpoint does not record them."""
-    data = (training_config or {}).get("data")
-    if not isinstance(data, dict) or "name" not in data:
+def run_data_config(training_config: TrainConfig | None) -> DataConfig:
+    """The data settings a checkpoint's training run used; CheckpointError if the checkpoint
+    does not record them."""
+    if training_config is None:
         raise CheckpointError("the checkpoint does not record its training data (config.data); "
                               "give --src and --ref files")
-    known = {f.name for f in dataclasses.fields(DataConfig)}
-    try:
-        return DataConfig(**{k: v for k, v in data.items() if k in known})
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"the checkpoint's data settings are invalid: {e}") from e
+    return training_config.data
 
 
-def _run_split(cfg: DataConfig, split: str, data_root: Optional[PathLike]) -> tuple[Path, Path]:
+def _run_split(cfg: DataConfig, split: str, data_root: PathLike | None) -> tuple[Path, Path]:
     """(source, reference) files of the run's `split`. Multi30k is looked for in
     `data_root` if given, else in the run's `data.root`, else in the download cache, where
     missing files are downloaded (checksummed)."""
@@ -75,12 +72,12 @@ def _run_split(cfg: DataConfig, split: str, data_root: Optional[PathLike]) -> tu
     return files.src, files.tgt
 
 
-def evaluation_text(training_config: Optional[dict], *, data: str = "valid",
-                    data_root: Optional[PathLike] = None, src: Optional[PathLike] = None,
-                    ref: Optional[PathLike] = None,
-                    max_sentences: Optional[int] = None) -> ParallelText:
+def evaluation_text(training_config: TrainConfig | None, *, data: str = "valid",
+                    data_root: PathLike | None = None, src: PathLike | None = None,
+                    ref: PathLike | None = None,
+                    max_sentences: int | None = None) -> ParallelText:
     """The `src`/`ref` plain-text files if given, else the split `data` ("valid" or "test")
-    of the run described by `training_config` (a checkpoint's `config`; see `_run_split`).
+    of the run described by `training_config` (its checkpoint's; see `_run_split`).
     Only the first `max_sentences` pairs with `max_sentences`."""
     if (src is None) != (ref is None):
         raise DataError("give both a source file and a reference file, or neither")
@@ -100,7 +97,7 @@ def evaluation_text(training_config: Optional[dict], *, data: str = "valid",
 def add_evaluation_arguments(parser: argparse.ArgumentParser,
                              splits: Sequence[str] = ("valid", "test"),
                              max_tokens: int = 4096) -> None:
-    """The evaluation-data and device options of the scripts that evaluate a model
+    """The evaluation-data and device options of the commands that evaluate a model
     (`evaluation_text`); `splits` are the splits `--data` may name."""
     p = parser
     p.add_argument("--data", choices=tuple(splits), default="valid",
@@ -139,7 +136,7 @@ def load_for_evaluation(args: argparse.Namespace) -> Evaluation:
 # ---- choosing checkpoints and length penalty on validation data ---------------------------
 
 
-def checkpoints_within(directory: PathLike, max_time: Optional[float] = None) -> list[Path]:
+def checkpoints_within(directory: PathLike, max_time: float | None = None) -> list[Path]:
     """The numbered checkpoints in `directory` (a run's `checkpoints/`), oldest first; with
     `max_time`, only those saved within the first `max_time` seconds of training (by the
     training time each one records, resumed runs summed)."""
@@ -171,8 +168,8 @@ class DecodingTrial:
 def tune_decoding(checkpoints: Sequence[PathLike], sources: Sequence[str],
                   references: Sequence[str], *, lasts: Sequence[int], alphas: Sequence[float],
                   beam_size: int = 5, max_tokens: int = DEFAULT_MAX_TOKENS,
-                  device: Union[str, torch.device] = "auto",
-                  on_trial: Optional[Callable[[DecodingTrial], None]] = None
+                  device: str | torch.device = "auto",
+                  on_trial: Callable[[DecodingTrial], None] | None = None
                   ) -> list[DecodingTrial]:
     """BLEU of every (average of the newest `last` checkpoints, alpha) pair; a `last` beyond
     the number of checkpoints is skipped. `checkpoints` are oldest first."""

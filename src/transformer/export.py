@@ -38,20 +38,21 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import torch
 from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
-from .files import WriteError, atomic_write
+from .config import DecodingSettings, TrainConfig
+from .errors import ExportError, WriteError
+from .files import atomic_write
 from .model import ModelConfig, Transformer
-from .search import DecodingSettings
 from .tokenizer import Tokenizer, TokenizerPair
 from .translator import Translator
 from .vocab_map import VocabMap
 
-__all__ = ["ExportError", "QUANTIZATIONS", "EXPORT_INFO", "VOCAB_MAP", "ExportInfo",
+__all__ = ["QUANTIZATIONS", "EXPORT_INFO", "VOCAB_MAP", "ExportInfo",
            "require_ctranslate2", "transformer_spec", "export_ctranslate2", "read_export",
            "is_export"]
 
@@ -61,10 +62,6 @@ QUANTIZATIONS = ("float32", "int8", "int8_float32")  # CPU weight types worth ex
 EXPORT_INFO = "transformer.json"  # our metadata beside CTranslate2's model.bin
 VOCAB_MAP = "vmap.txt"  # the file name CTranslate2 looks for
 INSTALL_HINT = "pip install -e '.[export]' (or pip install 'ctranslate2>=4')"
-
-
-class ExportError(RuntimeError):
-    """CTranslate2 is missing, or an export directory is unusable; the message says why."""
 
 
 def require_ctranslate2() -> Any:
@@ -86,17 +83,22 @@ class ExportInfo:
     quantization: str
     tokenizer: dict[str, str]  # side ("src", "tgt") -> SentencePiece file in the directory
     source: str  # the checkpoint(s) it was exported from
-    training_config: Optional[dict[str, Any]] = None  # as the checkpoint recorded it
+    training_config: dict[str, Any] | None = None  # as the checkpoint recorded it
     format_version: int = 1
-    languages: dict[str, Optional[str]] = field(default_factory=dict)  # "src"/"tgt" -> code
+    languages: dict[str, str | None] = field(default_factory=dict)  # "src"/"tgt" -> code
     # vmap.txt's facts when the export has a vocabulary map (then CTranslate2 uses it)
-    vocab_map: Optional[dict[str, Any]] = None
+    vocab_map: dict[str, Any] | None = None
 
     def model(self) -> ModelConfig:
         return ModelConfig.from_dict(self.model_config)
 
     def decoding_settings(self) -> DecodingSettings:
-        return DecodingSettings(**self.decoding)
+        return DecodingSettings.from_dict(self.decoding)
+
+    def stored_training_config(self) -> TrainConfig | None:
+        """The training config as the exported checkpoint recorded it, or None."""
+        return None if self.training_config is None else TrainConfig.from_dict(
+            self.training_config)
 
 
 # ---- the spec --------------------------------------------------------------------------------
@@ -107,7 +109,7 @@ def _array(t: Tensor) -> Any:
     return t.detach().to(torch.float32, copy=True).contiguous().numpy()
 
 
-def _set_linear(spec: Any, weight: Tensor, bias: Optional[Tensor]) -> None:
+def _set_linear(spec: Any, weight: Tensor, bias: Tensor | None) -> None:
     spec.weight = _array(weight)
     if bias is not None:
         spec.bias = _array(bias)
@@ -174,12 +176,12 @@ def transformer_spec(model: Transformer, tokenizers: TokenizerPair) -> Any:
                                           c.num_heads, pre_norm=c.norm_first)
     encoder, decoder = model.encoder, model.decoder
     _set_inputs(spec.encoder, encoder.embedding, encoder.pos_encoding.P[0])
-    for layer, block in zip(spec.encoder.layer, encoder.blks):
+    for layer, block in zip(spec.encoder.layer, encoder.blks, strict=True):
         _set_attention(layer.self_attention, block.attention, c.num_heads, self_attention=True)
         _set_layer_norm(layer.self_attention.layer_norm, block.addnorm1.ln)
         _set_ffn(layer.ffn, block, block.addnorm2.ln)
     _set_inputs(spec.decoder, decoder.embedding, decoder.pos_encoding.P[0])
-    for layer, block in zip(spec.decoder.layer, decoder.blks):
+    for layer, block in zip(spec.decoder.layer, decoder.blks, strict=True):
         _set_attention(layer.self_attention, block.attention1, c.num_heads, self_attention=True)
         _set_layer_norm(layer.self_attention.layer_norm, block.addnorm1.ln)
         _set_attention(layer.attention, block.attention2, c.num_heads, self_attention=False)
@@ -214,14 +216,9 @@ def _pieces(tokenizer: Tokenizer) -> list[str]:
 
 # ---- writing and reading an export --------------------------------------------------------------
 
-def _languages(training_config: Optional[dict]) -> dict[str, Optional[str]]:
-    data = (training_config or {}).get("data") or {}
-    return {"src": data.get("src_lang"), "tgt": data.get("tgt_lang")}
-
-
 def export_ctranslate2(translator: Translator, output: PathLike, *,
                        quantization: str = "float32", source: str = "",
-                       vocab_map: Optional[VocabMap] = None) -> ExportInfo:
+                       vocab_map: VocabMap | None = None) -> ExportInfo:
     """Write `translator`'s model as a CTranslate2 model directory `output` (replacing an
     earlier export there; any other existing non-empty directory is refused). The directory
     appears complete or not at all: it is built beside `output`, then renamed. With a
@@ -244,8 +241,10 @@ def export_ctranslate2(translator: Translator, output: PathLike, *,
         "src": "source.spm.model", "tgt": "target.spm.model"}
     info = ExportInfo(model_config=translator.model.config.to_dict(),
                       decoding=asdict(translator.decoding), quantization=quantization,
-                      tokenizer=files, source=source, training_config=translator.training_config,
-                      languages=_languages(translator.training_config),
+                      tokenizer=files, source=source,
+                      training_config=(None if translator.training_config is None
+                                       else translator.training_config.to_dict()),
+                      languages=translator.languages,
                       vocab_map=None if vocab_map is None else {
                           "file": VOCAB_MAP, "pairs": vocab_map.pairs,
                           "always": len(vocab_map.always),
@@ -298,11 +297,12 @@ def read_export(directory: PathLike) -> tuple[ExportInfo, TokenizerPair]:
     path = directory / EXPORT_INFO
     if not is_export(directory):
         raise ExportError(f"{directory} is not a CTranslate2 export (no {EXPORT_INFO} and "
-                          f"model.bin); make one with scripts/export.py")
+                          f"model.bin); make one with transformer export")
     try:
         info = ExportInfo(**json.loads(path.read_text(encoding="utf-8")))
         info.model()
         info.decoding_settings()
+        info.stored_training_config()
     except (OSError, ValueError, TypeError) as e:
         raise ExportError(f"unreadable {path}: {e}") from e
     try:

@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Iterator, Optional, Union
+from typing import IO, Any, Union
 
-__all__ = ["WriteError", "atomic_write"]
+from .errors import WriteError
+
+__all__ = ["atomic_write"]
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-
-class WriteError(OSError):
-    """A file could not be written (disk full, permissions, ...); the message names it."""
 
 
 class _RecordingFile:
@@ -32,7 +31,7 @@ class _RecordingFile:
 
     def __init__(self, f: IO) -> None:
         self._f = f
-        self.error: Optional[OSError] = None
+        self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
         try:
@@ -67,7 +66,7 @@ def atomic_write(path: PathLike, *, text: bool = False) -> Iterator[IO]:
     try:
         try:
             yield recorder
-        except Exception as e:  # noqa: BLE001 -- a failed write may surface as anything
+        except Exception as e:
             if recorder.error is not None:
                 raise _failed(path, recorder.error) from e
             raise

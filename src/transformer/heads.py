@@ -26,8 +26,9 @@ import contextlib
 import csv
 import math
 import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Callable, Iterator, Optional, Sequence, Union
+from typing import Union
 
 import sacrebleu
 import torch
@@ -35,11 +36,11 @@ from torch import Tensor
 
 from .attention_maps import attention_layers, recording_attention
 from .batching import eval_batches
-from .store import Batch, ParallelCorpus
+from .files import atomic_write
 from .loss import evaluate_loss, teacher_forced_loss
 from .model import Transformer
-from .files import atomic_write
 from .plots import new_figure, save_png
+from .store import Batch, ParallelCorpus
 from .text import ParallelText
 from .tokenizer import PAD_ID, TokenizerPair
 from .translator import Translator
@@ -70,7 +71,7 @@ def head_masks(model: Transformer, masks: dict[str, Tensor]) -> Iterator[None]:
 
 
 def teacher_forced_batches(tokenizers: TokenizerPair, sources: Sequence[str],
-                           references: Sequence[str], device: Union[str, torch.device],
+                           references: Sequence[str], device: str | torch.device,
                            max_tokens: int = 4096) -> list[Batch]:
     """The sentence pairs encoded and batched (length-sorted) on `device`."""
     text = ParallelText(list(sources), list(references), list(range(len(sources))))
@@ -103,7 +104,7 @@ def gradient_importance(model: Transformer, batches: Sequence[Batch]) -> Gradien
     importance = {layer.name: torch.zeros(layer.module.num_heads, dtype=torch.float64)
                   for layer in layers}
     entropy = {name: torch.zeros_like(value) for name, value in importance.items()}
-    queries = {name: 0 for name in importance}
+    queries = dict.fromkeys(importance, 0)
     sentences = 0
     with recording_attention(model), torch.enable_grad():
         for batch in batches:
@@ -115,7 +116,7 @@ def gradient_importance(model: Transformer, batches: Sequence[Batch]) -> Gradien
             tgt_real = batch.tgt_out != PAD_ID
             real = {"enc-self": batch.src != PAD_ID, "dec-self": tgt_real,
                     "enc-dec": tgt_real}  # (B, queries)
-            for layer, grad in zip(layers, grads):
+            for layer, grad in zip(layers, grads, strict=True):
                 importance[layer.name] += grad.abs().sum(0).double().cpu()
                 weights = layer.module.head_attention_weights.detach().float()  # (B, h, q, k)
                 per_query = -torch.special.xlogy(weights, weights).sum(-1)  # (B, h, q)
@@ -161,7 +162,7 @@ def _bleu(translator: Translator, sources: Sequence[str], references: Sequence[s
 def head_importance(translator: Translator, sources: Sequence[str],
                     references: Sequence[str], *, beam_size: int = 1,
                     max_tokens: int = 4096,
-                    on_head: Optional[Callable[[HeadScore], None]] = None) -> HeadImportance:
+                    on_head: Callable[[HeadScore], None] | None = None) -> HeadImportance:
     """Mask each head alone (loss and BLEU change), plus gradient importance and attention
     entropy, on `sources`/`references`. BLEU decodes with `translator`'s beam search;
     `beam_size=1` is greedy search. `on_head` is called as each head is done."""
@@ -229,8 +230,9 @@ def format_table(report: HeadImportance) -> str:
     """The scores as an aligned text table, one head per line."""
     head = [name for name, _ in _COLUMNS]
     rows = [[fmt.format(getattr(s, name)) for name, fmt in _COLUMNS] for s in report.heads]
-    widths = [max(len(x) for x in column) for column in zip(head, *rows)]
-    lines = [" ".join(x.rjust(w) for x, w in zip(row, widths)) for row in [head, *rows]]
+    widths = [max(len(x) for x in column) for column in zip(head, *rows, strict=True)]
+    lines = [" ".join(x.rjust(w) for x, w in zip(row, widths, strict=True))
+             for row in [head, *rows]]
     summary = (f"{report.sentences} sentences: loss {report.loss:.4f} nats/token, "
                f"BLEU {report.bleu:.2f} ({report.search}); deltas are masked minus unmasked")
     return "\n".join([summary, *lines])
@@ -253,7 +255,7 @@ def plot_importance(report: HeadImportance, path: PathLike) -> None:
               ("gradient", "gradient importance", "Reds"),
               ("entropy", "attention entropy (nats)", "viridis")]
     figure = new_figure(4 * (0.5 * num_heads + 1.6), 0.32 * len(layers) + 1.6)
-    for ax, (key, title, cmap) in zip(figure.subplots(1, len(panels)), panels):
+    for ax, (key, title, cmap) in zip(figure.subplots(1, len(panels)), panels, strict=True):
         grid = torch.full((len(layers), num_heads), math.nan)  # pruned heads stay blank
         for s in report.heads:
             grid[layers.index((s.kind, s.layer)), s.head] = getattr(s, key)

@@ -15,15 +15,15 @@ is (1 - eps) * nll + eps * (mean over the vocabulary of -log p).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 from torch import Tensor, nn
 
-from .store import Batch
 from .model import Transformer, eval_mode
 from .ops import linear_label_smoothed_cross_entropy
+from .store import Batch
 from .tokenizer import PAD_ID
 
 __all__ = ["LabelSmoothedLoss", "TeacherForcedLoss", "teacher_forced_loss", "LossReport",
@@ -55,10 +55,6 @@ class TeacherForcedLoss:
     nll: Tensor  # sum of -log p(reference token)
     uniform: Tensor  # sum of the mean over the vocabulary of -log p (the smoothing term)
     tokens: int
-
-    def label_smoothed(self, epsilon: float) -> Tensor:
-        """The label-smoothed loss, summed: (1 - eps) * nll + eps * uniform."""
-        return (1 - epsilon) * self.nll + epsilon * self.uniform
 
 
 def teacher_forced_loss(model: Transformer, batch: Batch) -> TeacherForcedLoss:

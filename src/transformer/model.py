@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from .blocks import DecoderBlock, EncoderBlock, LayerCache
+from .errors import ConfigError
 from .ops import Dropout
 
 __all__ = ["Hyperparameters", "ModelConfig", "PositionalEncoding", "TransformerEncoder",
@@ -61,43 +63,43 @@ class ModelConfig(Hyperparameters):
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming the first bad field (`model.<field>`)."""
+        """Raise ConfigError naming the first bad field (`model.<field>`)."""
         for name in ("src_vocab_size", "tgt_vocab_size", "num_hiddens", "ffn_num_hiddens",
                      "num_heads", "num_encoder_layers", "num_decoder_layers", "max_positions"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
         for name in ("dropout", "attention_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
-                raise ValueError(f"model.{name} must be in [0, 1), got {value!r}")
+                raise ConfigError(f"model.{name} must be in [0, 1), got {value!r}")
         if self.num_hiddens % self.num_heads != 0:
-            raise ValueError(f"model.num_heads ({self.num_heads}) must divide "
+            raise ConfigError(f"model.num_heads ({self.num_heads}) must divide "
                              f"model.num_hiddens ({self.num_hiddens})")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
-            raise ValueError(
+            raise ConfigError(
                 "model.share_embeddings needs one joint vocabulary, but src_vocab_size="
                 f"{self.src_vocab_size} != tgt_vocab_size={self.tgt_vocab_size}")
         if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
-            raise ValueError(f"model.pad_id must be a valid token id, got {self.pad_id}")
+            raise ConfigError(f"model.pad_id must be a valid token id, got {self.pad_id}")
         self._validate_pruned_heads()
 
     def _validate_pruned_heads(self) -> None:
         if not isinstance(self.pruned_heads, dict):
-            raise ValueError(f"model.pruned_heads must be a dict, got {self.pruned_heads!r}")
+            raise ConfigError(f"model.pruned_heads must be a dict, got {self.pruned_heads!r}")
         names = self.attention_names()
         for name, heads in self.pruned_heads.items():
             if name not in names:
-                raise ValueError(f"model.pruned_heads: {name!r} is not an attention module "
+                raise ConfigError(f"model.pruned_heads: {name!r} is not an attention module "
                                  f"of this model (e.g. {names[0]!r})")
             if (not isinstance(heads, list) or not heads
                     or not all(isinstance(h, int) and not isinstance(h, bool) for h in heads)
                     or heads != sorted(set(heads)) or not 0 <= heads[0] <= heads[-1]
                     < self.num_heads):
-                raise ValueError(f"model.pruned_heads[{name!r}] must be a sorted list of "
+                raise ConfigError(f"model.pruned_heads[{name!r}] must be a sorted list of "
                                  f"distinct head indices in [0, {self.num_heads}), got {heads!r}")
             if len(heads) == self.num_heads:
-                raise ValueError(f"model.pruned_heads[{name!r}] removes every head; at "
+                raise ConfigError(f"model.pruned_heads[{name!r}] removes every head; at "
                                  "least one must remain")
 
     def attention_names(self) -> list[str]:
@@ -114,12 +116,12 @@ class ModelConfig(Hyperparameters):
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Rebuild from `to_dict()`; unknown keys are an error, not silently dropped."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"unknown model config keys: {unknown}")
+            raise ConfigError(f"unknown model config keys: {unknown}")
         return cls(**d)
 
 
@@ -161,7 +163,7 @@ class TransformerEncoder(nn.Module):
         # Pre-norm leaves the residual stream unnormalized: normalize it once at the end.
         self.final_ln = nn.LayerNorm(c.num_hiddens) if c.norm_first else nn.Identity()
 
-    def forward(self, src: Tensor, valid_lens: Optional[Tensor]) -> Tensor:
+    def forward(self, src: Tensor, valid_lens: Tensor | None) -> Tensor:
         """src (batch, src_len) ids -> (batch, src_len, num_hiddens)."""
         X = self.pos_encoding(self.embedding(src) * math.sqrt(self.num_hiddens))
         for blk in self.blks:
@@ -184,8 +186,8 @@ class TransformerDecoder(nn.Module):
             for _ in range(c.num_decoder_layers))
         self.final_ln = nn.LayerNorm(c.num_hiddens) if c.norm_first else nn.Identity()
 
-    def forward(self, tgt: Tensor, enc_outputs: Tensor, enc_valid_lens: Optional[Tensor],
-                cache: Optional[list[LayerCache]] = None) -> Tensor:
+    def forward(self, tgt: Tensor, enc_outputs: Tensor, enc_valid_lens: Tensor | None,
+                cache: list[LayerCache] | None = None) -> Tensor:
         """tgt (batch, tgt_len) ids -> (batch, tgt_len, num_hiddens).
 
         With `cache` (one `LayerCache` per block), `tgt` holds only the new steps.
@@ -254,7 +256,7 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
     def forward(self, src: Tensor, src_valid_lens: Tensor, tgt_in: Tensor, *,
-                output_mask: Optional[Tensor] = None) -> Tensor:
+                output_mask: Tensor | None = None) -> Tensor:
         """src (batch, src_len), src_valid_lens (batch,), tgt_in (batch, tgt_len) -> logits.
 
         Logits are (batch, tgt_len, tgt_vocab_size); with `output_mask` (batch, tgt_len) bool

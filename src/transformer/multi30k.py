@@ -14,11 +14,12 @@ import logging
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Union
 
+from .errors import DataError
 from .files import atomic_write
-from .text import DataError
 
 __all__ = ["URL", "TOK_URL", "LANGS", "STEMS", "SHA256", "DEFAULT_ROOT", "split_file",
            "download_multi30k", "download_file"]
@@ -78,7 +79,7 @@ def download_multi30k(root: PathLike, langs: Sequence[str] = ("en", "de"), *,
                for lang in langs]
         names += tok
         urls += [TOK_URL + name.removeprefix("tok/") for name in tok]
-    for name, url in zip(names, urls):
+    for name, url in zip(names, urls, strict=True):
         if not (root / name).is_file():
             download_file(url, root / name, SHA256[name])
 

@@ -16,8 +16,6 @@ Both use PyTorch's random generator and plain tensor ops, so seeds and devices b
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor, nn
 
@@ -74,7 +72,7 @@ class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
 
 
 def linear_label_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
-                                        epsilon: float, chunk_rows: Optional[int] = None
+                                        epsilon: float, chunk_rows: int | None = None
                                         ) -> Tensor:
     """Summed label-smoothed cross-entropy of the logits `hidden @ weight.T` against `target`.
 

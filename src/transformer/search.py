@@ -32,38 +32,22 @@ Beam search, in short (rows = sentences x beam, scores = cumulative log-probs):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from .blocks import LayerCache
 from .batching import pack
+from .blocks import LayerCache
+from .config import DecodingSettings
 from .model import Transformer, eval_mode
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-__all__ = ["DecodingSettings", "DEFAULT_ALPHA", "DEFAULT_MAX_TOKENS", "Hypothesis",
+__all__ = ["DEFAULT_ALPHA", "DEFAULT_MAX_TOKENS", "Hypothesis",
            "length_penalty", "max_output_lengths", "greedy_search", "beam_search",
            "search_corpus", "decode_batches"]
-
-@dataclass(frozen=True)
-class DecodingSettings:
-    """How to decode: the defaults of `Translator`, `scripts/translate.py` and the server.
-    A checkpoint written by `scripts/tune_decoding.py` stores its own (chosen on validation
-    data), which `Translator.load` reads."""
-
-    beam_size: int = 5
-    alpha: float = 1.0  # GNMT length penalty; the best value depends on the model
-    max_len_a: float = 1.5  # outputs have at most a * source length + b tokens
-    max_len_b: int = 10
-
-    def __post_init__(self) -> None:
-        if self.beam_size < 1 or self.alpha < 0 or self.max_len_a < 0 or self.max_len_b < 1:
-            raise ValueError(f"need beam_size >= 1, alpha >= 0, max_len_a >= 0 and "
-                             f"max_len_b >= 1, got {self}")
-
 
 DEFAULT_ALPHA = DecodingSettings.alpha
 DEFAULT_MAX_TOKENS = 2048  # source tokens per decoding batch, padding included, before the beam
@@ -78,7 +62,7 @@ class Hypothesis:
     log_prob: float  # sum of the token log-probs, EOS included
 
 
-def length_penalty(length: Union[int, Tensor], alpha: float) -> Union[float, Tensor]:
+def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
     """GNMT's length penalty ((5 + length) / 6) ** alpha; `length` counts EOS."""
     return ((5 + length) / 6) ** alpha
 
@@ -92,7 +76,7 @@ def max_output_lengths(src_valid_lens: Tensor, max_len_a: float, max_len_b: int,
 
 
 def _next_log_probs(model: Transformer, tokens: Tensor, enc_outputs: Tensor,
-                    src_valid_lens: Tensor, cache: Optional[list[LayerCache]]) -> Tensor:
+                    src_valid_lens: Tensor, cache: list[LayerCache] | None) -> Tensor:
     """Log-probs of the next token after each row of `tokens` (rows, steps) -> (rows, vocab).
 
     With `cache` only the last token is fed; without, the decoder re-reads the whole prefix.
@@ -107,7 +91,7 @@ def _next_log_probs(model: Transformer, tokens: Tensor, enc_outputs: Tensor,
     return torch.log_softmax(logits, dim=-1)
 
 
-def _select_cache(cache: Optional[list[LayerCache]], index: Tensor, *,
+def _select_cache(cache: list[LayerCache] | None, index: Tensor, *,
                   cross_attention: bool) -> None:
     """Keep/reorder the cache rows `index`; the cross-attention part only if asked."""
     for layer in cache or ():
@@ -263,7 +247,7 @@ def _collect(finished: list[list[Hypothesis]], kth_score: Tensor, ended: Tensor,
 def search_corpus(model: Transformer, sources: Sequence[Sequence[int]], *,
                   settings: DecodingSettings = DecodingSettings(), nbest: int = 1,
                   max_tokens: int = DEFAULT_MAX_TOKENS, use_cache: bool = True,
-                  on_progress: Optional[Callable[[int], None]] = None
+                  on_progress: Callable[[int], None] | None = None
                   ) -> list[list[Hypothesis]]:
     """Beam search over many sentences, in input order: the one decoding path of validation,
     translation and evaluation (batched by `decode_batches`). `sources` are source ids with
@@ -283,7 +267,7 @@ def search_corpus(model: Transformer, sources: Sequence[Sequence[int]], *,
 def decode_batches(sources: Sequence[Sequence[int]],
                    search: Callable[[list[Sequence[int]]], list[list[Hypothesis]]], *,
                    nbest: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS,
-                   on_progress: Optional[Callable[[int], None]] = None
+                   on_progress: Callable[[int], None] | None = None
                    ) -> list[list[Hypothesis]]:
     """Run `search` (a batch of sources -> n-best lists) over many sentences and return the
     results in input order; shared by `search_corpus` and the CTranslate2 engine. An empty
@@ -295,7 +279,7 @@ def decode_batches(sources: Sequence[Sequence[int]],
     if on_progress is not None and len(todo) < len(sources):
         on_progress(len(sources) - len(todo))
     for batch in pack(todo, [len(ids) for ids in sources], max_tokens):
-        for i, sentence_hyps in zip(batch, search([sources[i] for i in batch])):
+        for i, sentence_hyps in zip(batch, search([sources[i] for i in batch]), strict=True):
             results[i] = sentence_hyps
         if on_progress is not None:
             on_progress(len(batch))

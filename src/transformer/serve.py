@@ -1,6 +1,6 @@
 """A translation server: a JSON API, a dynamic batcher, and a page showing every head.
 
-    app = create_app(Translator.load("runs/x"))      # scripts/serve.py runs it with uvicorn
+    app = create_app(Translator.load("runs/x"))      # `transformer serve` runs it with uvicorn
 
 Endpoints (errors are `{"error": "...", "field": "..."}` with a 4xx/5xx status):
 
@@ -29,10 +29,11 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, AsyncIterator, Optional, Protocol, Sequence, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
@@ -40,9 +41,8 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from .attention_maps import KINDS, attention_layers, attention_maps, axis_labels
-from .search import DecodingSettings
-from .tokenizer import TokenizerPair
-from .translator import Scored, Translator
+from .errors import TransformerError
+from .translator import BaseTranslator, Scored, Translator
 
 __all__ = ["MAX_SENTENCES", "MAX_CHARS", "MAX_BEAM", "MAX_BODY_BYTES", "TranslateRequest",
            "AttentionRequest", "ApiError", "read_request", "source_tokens", "BatchLimits",
@@ -57,18 +57,6 @@ MAX_BEAM = 16
 MAX_BODY_BYTES = 512 * 1024  # room for 64 x 1,000 characters, even as \uXXXX escapes
 
 
-class TranslationEngine(Protocol):
-    """What the server needs of a translator: ours (`Translator`, engine "torch") or another
-    engine's with the same `translate` conventions."""
-
-    engine: str
-    tokenizers: TokenizerPair
-    decoding: DecodingSettings
-
-    def translate(self, lines: Sequence[str], *, beam_size: Optional[int] = None,
-                  nbest: int = 1, return_scores: bool = False) -> list: ...
-
-
 # ---- requests -------------------------------------------------------------------------------
 
 Sentence = Annotated[str, StringConstraints(max_length=MAX_CHARS)]
@@ -80,7 +68,7 @@ class TranslateRequest(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid")
     text: Annotated[list[Sentence], Field(min_length=1, max_length=MAX_SENTENCES)]
-    beam_size: Optional[BeamSize] = None  # None: the translator's default
+    beam_size: BeamSize | None = None  # None: the translator's default
     nbest: BeamSize = 1
 
 
@@ -89,13 +77,13 @@ class AttentionRequest(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid")
     text: Annotated[Sentence, StringConstraints(min_length=1)]
-    beam_size: Optional[BeamSize] = None
+    beam_size: BeamSize | None = None
 
 
-class ApiError(Exception):
+class ApiError(TransformerError):
     """An answer other than 200: HTTP status, one-line message, the field it is about."""
 
-    def __init__(self, status: int, message: str, field: Optional[str] = None):
+    def __init__(self, status: int, message: str, field: str | None = None):
         super().__init__(message)
         self.status, self.message, self.field = status, message, field
 
@@ -136,13 +124,13 @@ def _field_name(loc: Sequence[Any]) -> str:
     return name or "body"
 
 
-def source_tokens(translator: TranslationEngine, lines: Sequence[str]) -> list[int]:
+def source_tokens(translator: BaseTranslator, lines: Sequence[str]) -> list[int]:
     """Source tokens (pieces + EOS) of each line; a line over the model's position limit is
     refused, naming it (translate.py truncates such a line with a warning instead)."""
-    limit = getattr(translator, "max_source_tokens", None)  # engines that know their limit
+    limit = translator.max_source_tokens
     counts = [len(ids) for ids in translator.tokenizers.src.encode_batch(list(lines))]
     for i, count in enumerate(counts):
-        if limit is not None and count > limit:
+        if count > limit:
             raise ApiError(422, f"text[{i}] has {count} SentencePiece pieces; the model reads "
                                 f"at most {limit}", f"text[{i}]")
     return [count + 1 for count in counts]
@@ -187,13 +175,13 @@ class BatchStats:
 class Batcher:
     """A queue of translation requests and one worker translating them in batches."""
 
-    def __init__(self, translator: TranslationEngine, executor: ThreadPoolExecutor,
+    def __init__(self, translator: BaseTranslator, executor: ThreadPoolExecutor,
                  limits: BatchLimits = BatchLimits()):
         self.translator, self.executor, self.limits = translator, executor, limits
         self.stats = BatchStats()
         self._queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=limits.max_queue)
         self._held: deque[_Job] = deque()  # taken from the queue, left for a later batch
-        self._worker: Optional[asyncio.Task] = None
+        self._worker: asyncio.Task | None = None
 
     def start(self) -> None:
         self._worker = asyncio.get_running_loop().create_task(self._run())
@@ -233,7 +221,7 @@ class Batcher:
                 for job in jobs:
                     _settle(job, error=error)
                 continue
-            for job, result in zip(jobs, results):
+            for job, result in zip(jobs, results, strict=True):
                 _settle(job, result=result)
 
     async def _gather(self) -> list[_Job]:
@@ -260,7 +248,7 @@ class Batcher:
             tokens += job.tokens
         return batch
 
-    async def _next_job(self, deadline: float) -> Optional[_Job]:
+    async def _next_job(self, deadline: float) -> _Job | None:
         """A waiting job at once, else one arriving before `deadline`, else None."""
         with contextlib.suppress(asyncio.QueueEmpty):
             return self._queue.get_nowait()
@@ -285,7 +273,7 @@ class Batcher:
         return results
 
 
-def _settle(job: _Job, *, result: Any = None, error: Optional[Exception] = None) -> None:
+def _settle(job: _Job, *, result: Any = None, error: Exception | None = None) -> None:
     """Answer a job unless its request is gone (the client disconnected: cancelled)."""
     if job.future.done():
         return
@@ -298,7 +286,7 @@ def _settle(job: _Job, *, result: Any = None, error: Optional[Exception] = None)
 # ---- attention and info ---------------------------------------------------------------------
 
 def attention_report(translator: Translator, text: str,
-                     beam_size: Optional[int] = None) -> dict[str, Any]:
+                     beam_size: int | None = None) -> dict[str, Any]:
     """Translate `text`, then every attention layer's weights teacher-forced on that
     translation (`attention_maps.attention_maps`): per layer its kind, block index, the
     original indices of its remaining heads (pruned heads are absent) and the weights,
@@ -321,30 +309,28 @@ def attention_report(translator: Translator, text: str,
     }
 
 
-def server_info(translator: TranslationEngine) -> dict[str, Any]:
+def server_info(translator: BaseTranslator) -> dict[str, Any]:
     """What /info reports: engine, languages, model size and config, decoding defaults and
     the request limits. Fields an engine cannot tell are null."""
-    data = (getattr(translator, "training_config", None) or {}).get("data") or {}
-    model = translator.model if isinstance(translator, Translator) else None
-    config = getattr(translator, "model_config", None)  # both of our engines know it
+    languages = translator.languages
     return {
         "engine": translator.engine,
-        "languages": {"source": data.get("src_lang"), "target": data.get("tgt_lang")},
-        "parameters": None if model is None else sum(p.numel() for p in model.parameters()),
-        "model": None if config is None else config.to_dict(),
+        "languages": {"source": languages["src"], "target": languages["tgt"]},
+        "parameters": translator.num_parameters,
+        "model": translator.model_config.to_dict(),
         "decoding": asdict(translator.decoding),
         "attention": isinstance(translator, Translator),
         # an export's vocabulary map: outputs then depend on the requests batched together
-        "vocab_map": getattr(translator, "vocab_map", None),
+        "vocab_map": translator.vocab_map,
         "limits": {"sentences": MAX_SENTENCES, "characters": MAX_CHARS,
-                   "source_tokens": getattr(translator, "max_source_tokens", None),
+                   "source_tokens": translator.max_source_tokens,
                    "beam_size": MAX_BEAM, "body_bytes": MAX_BODY_BYTES},
     }
 
 
 # ---- the app --------------------------------------------------------------------------------
 
-def create_app(translator: TranslationEngine, batching: BatchLimits = BatchLimits()) -> FastAPI:
+def create_app(translator: BaseTranslator, batching: BatchLimits = BatchLimits()) -> FastAPI:
     """The FastAPI app serving `translator` (fixed for the app's life). The batcher's worker
     runs between the app's startup and shutdown (`with TestClient(app)` in tests)."""
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")

@@ -29,16 +29,18 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Union
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from .files import WriteError, atomic_write
-from .text import DataError, ParallelText
+from .errors import DataError, WriteError
+from .files import atomic_write
+from .text import ParallelText
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
 
 __all__ = ["STORE_VERSION", "Batch", "ParallelCorpus", "StoreWriter", "id_dtype"]
@@ -71,20 +73,12 @@ class Batch:
     def __len__(self) -> int:
         return len(self.indices)
 
-    def to(self, device: Union[str, torch.device], non_blocking: bool = False) -> "Batch":
+    def to(self, device: str | torch.device, non_blocking: bool = False) -> Batch:
         """A copy with the tensors on `device` (`indices` stay a Python list)."""
-        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        move = lambda t: t.to(device, non_blocking=non_blocking)
         return Batch(
             move(self.src), move(self.src_valid_lens), move(self.tgt_in), move(self.tgt_out),
             move(self.tgt_valid_lens), self.num_tgt_tokens, self.indices,
-        )
-
-    def pin_memory(self) -> "Batch":
-        """A copy in pinned memory (for fast `to(cuda, non_blocking=True)`)."""
-        pin = lambda t: t.pin_memory()  # noqa: E731
-        return Batch(
-            pin(self.src), pin(self.src_valid_lens), pin(self.tgt_in), pin(self.tgt_out),
-            pin(self.tgt_valid_lens), self.num_tgt_tokens, self.indices,
         )
 
 
@@ -96,7 +90,7 @@ def _read_rows(path: Path, starts: np.ndarray, lens: np.ndarray, dtype: np.dtype
     out = np.empty(int(lens.sum()), dtype=dtype)
     size, pos = dtype.itemsize, 0
     with open(path, "rb", buffering=0) as f:
-        for start, n in zip(starts.tolist(), lens.tolist()):
+        for start, n in zip(starts.tolist(), lens.tolist(), strict=True):
             out[pos:pos + n] = np.frombuffer(os.pread(f.fileno(), n * size, start * size), dtype)
             pos += n
     return out
@@ -154,14 +148,14 @@ class ParallelCorpus:
     tgt_ids: np.ndarray
     tgt_offsets: np.ndarray
     all_lines: np.ndarray  # (sentences,) int64: 0-based line numbers in the split's files
-    pairs: Optional[np.ndarray] = None  # (N,) int64 sentence numbers of this view
-    src_text: Optional[list[str]] = None  # raw lines (kept for valid/test: BLEU references)
-    tgt_text: Optional[list[str]] = None
-    path: Optional[Path] = field(default=None, compare=False)  # the store, when mapped
+    pairs: np.ndarray | None = None  # (N,) int64 sentence numbers of this view
+    src_text: list[str] | None = None  # raw lines (kept for valid/test: BLEU references)
+    tgt_text: list[str] | None = None
+    path: Path | None = field(default=None, compare=False)  # the store, when mapped
 
     @classmethod
     def encode(cls, text: ParallelText, tokenizers: TokenizerPair,
-               keep_text: bool = False) -> "ParallelCorpus":
+               keep_text: bool = False) -> ParallelCorpus:
         """Encode every sentence of `text` into arrays in memory (multithreaded
         SentencePiece)."""
         dtype = id_dtype(max(tokenizers.src.vocab_size, tokenizers.tgt.vocab_size))
@@ -174,7 +168,7 @@ class ParallelCorpus:
         return corpus
 
     @classmethod
-    def open(cls, directory: PathLike) -> "ParallelCorpus":
+    def open(cls, directory: PathLike) -> ParallelCorpus:
         """Map a store written by `StoreWriter`, after checking its files (`read_meta`)."""
         directory = Path(directory)
         meta = read_meta(directory)
@@ -237,7 +231,7 @@ class ParallelCorpus:
         s, t = self.src_offsets, self.tgt_offsets
         return (self.src_ids[s[j]:s[j + 1]].tolist(), self.tgt_ids[t[j]:t[j + 1]].tolist())
 
-    def select(self, keep: np.ndarray) -> "ParallelCorpus":
+    def select(self, keep: np.ndarray) -> ParallelCorpus:
         """A view of the pairs where the boolean mask `keep` (N,) is true, in order."""
         keep = np.asarray(keep, dtype=bool)
         kept = np.flatnonzero(keep)
@@ -248,7 +242,7 @@ class ParallelCorpus:
             view.tgt_text = [self.tgt_text[i] for i in kept]
         return view
 
-    def filter_long(self, max_len: int, split: str = "train") -> "ParallelCorpus":
+    def filter_long(self, max_len: int, split: str = "train") -> ParallelCorpus:
         """Drop pairs whose source + EOS or BOS + target exceeds `max_len` (count logged)."""
         keep = (self.src_lens + 1 <= max_len) & (self.tgt_lens + 1 <= max_len)
         dropped = len(self) - int(keep.sum())
@@ -340,10 +334,10 @@ class StoreWriter:
         self.tmp = self.directory.parent / f".{self.directory.name}.tmp-{os.getpid()}"
         self.dtype = id_dtype(vocab_size)
         self.pairs = 0
-        self.tokens = {side: 0 for side in SIDES}
+        self.tokens = dict.fromkeys(SIDES, 0)
         self._files: dict[str, Any] = {}
 
-    def __enter__(self) -> "StoreWriter":
+    def __enter__(self) -> StoreWriter:
         shutil.rmtree(self.tmp, ignore_errors=True)
         try:
             self.tmp.mkdir(parents=True)
@@ -376,7 +370,7 @@ class StoreWriter:
 
     def add(self, src: list[list[int]], tgt: list[list[int]], lines: Sequence[int]) -> None:
         """Append aligned pairs: source and target ids (no BOS/EOS), their line numbers."""
-        for side, ids in zip(SIDES, (src, tgt)):
+        for side, ids in zip(SIDES, (src, tgt), strict=True):
             flat, lengths = _flatten(ids, self.dtype)
             self._write(f"{side}.bin", flat)
             self._write(f"{side}.idx", _offsets(lengths, self.tokens[side])[1:])

@@ -18,20 +18,19 @@ import gzip
 import logging
 import os
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator, Optional, Union
+from typing import BinaryIO, Union
 
-__all__ = ["DataError", "iter_line_blocks", "read_lines", "iter_lines", "ParallelText",
+from .errors import DataError
+
+__all__ = ["iter_line_blocks", "read_lines", "iter_lines", "ParallelText",
            "iter_parallel", "read_parallel"]
 
 log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-
-class DataError(ValueError):
-    """Bad input data: misaligned files, invalid UTF-8, failed checksum, ..."""
 
 
 def _invalid_utf8(name: str, line: int, raw: bytes, position: int) -> DataError:
@@ -131,7 +130,7 @@ class ParallelText:
 
 
 def iter_parallel(src_path: PathLike, tgt_path: PathLike, *, split: str,
-                  chunk_pairs: int = 100_000, max_pairs: Optional[int] = None
+                  chunk_pairs: int = 100_000, max_pairs: int | None = None
                   ) -> Iterator[ParallelText]:
     """Stream and check one split in chunks of at most `chunk_pairs` aligned pairs: UTF-8
     and line endings as `iter_line_blocks`, equal line counts (checked when the shorter file
@@ -182,7 +181,8 @@ def _first(text: ParallelText, n: int) -> ParallelText:
 
 def _non_empty(text: ParallelText) -> ParallelText:
     """The pairs of `text` whose two sides both have a non-space character."""
-    keep = [i for i, (s, t) in enumerate(zip(text.src, text.tgt)) if s.strip() and t.strip()]
+    keep = [i for i, (s, t) in enumerate(zip(text.src, text.tgt, strict=True))
+            if s.strip() and t.strip()]
     if len(keep) == len(text):
         return text
     return ParallelText([text.src[i] for i in keep], [text.tgt[i] for i in keep],

@@ -10,9 +10,10 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence, Union
+from typing import Union
 
 import sentencepiece as spm
 
@@ -70,7 +71,7 @@ class Tokenizer:
         byte_fallback: bool = True,
         normalization: str = "nmt_nfkc",
         num_threads: int = TRAIN_THREADS,
-    ) -> "Tokenizer":
+    ) -> Tokenizer:
         """Train on an iterable of sentences; save to `model_path` (atomically) if given.
 
         Deterministic: the same sentences and arguments give the same model bytes.
@@ -106,7 +107,7 @@ class Tokenizer:
         return tokenizer
 
     @classmethod
-    def load(cls, path: PathLike) -> "Tokenizer":
+    def load(cls, path: PathLike) -> Tokenizer:
         """Load a `.model` file."""
         path = Path(path)
         if not path.is_file():
@@ -114,7 +115,7 @@ class Tokenizer:
         return cls.from_bytes(path.read_bytes())
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "Tokenizer":
+    def from_bytes(cls, data: bytes) -> Tokenizer:
         """Load from a serialized model proto (as stored in checkpoints)."""
         return cls(spm.SentencePieceProcessor(model_proto=data))
 
@@ -161,10 +162,6 @@ class Tokenizer:
         """Text of `ids`; pad, bos and eos are skipped wherever they appear."""
         kept = [i for i in map(int, ids) if i not in (PAD_ID, BOS_ID, EOS_ID)]
         return self._sp.decode(kept)
-
-    def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
-        """`decode` for many sequences."""
-        return [self.decode(ids) for ids in batch]
 
     def id_to_piece(self, i: int) -> str:
         """The piece string of one id (e.g. '▁Ein'), for labelling plots."""

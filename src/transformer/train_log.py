@@ -12,9 +12,10 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
@@ -32,7 +33,7 @@ class _TqdmHandler(logging.StreamHandler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             tqdm.write(self.format(record), file=sys.stderr)
-        except Exception:  # noqa: BLE001 -- logging must never crash training
+        except Exception:
             self.handleError(record)
 
 
@@ -120,7 +121,7 @@ class TrainLog:
     After a resume (`purge_step`), TensorBoard drops the events that the interrupted run
     logged past its checkpoint."""
 
-    def __init__(self, run_dir: Path, is_main: bool, purge_step: Optional[int] = None):
+    def __init__(self, run_dir: Path, is_main: bool, purge_step: int | None = None):
         self.meter = Meter()
         self.writer = None
         if is_main:
@@ -149,7 +150,7 @@ class TrainLog:
     def validation(self, step: int, epoch: int, metrics: ValidationMetrics, best_bleu: float,
                    improved: bool, bad_validations: int, train_time: float,
                    samples: Sequence[tuple[str, str, str]] = (),
-                   figure: Optional["Figure"] = None) -> None:
+                   figure: Figure | None = None) -> None:
         """The validation's log line and, on rank 0, its scalars, the encoder-decoder
         attention figure and (source, reference, hypothesis) samples."""
         log.info("epoch %d | update %d | valid loss %.3f | nll %.3f | ppl %.2f | bleu %.2f | "

@@ -1,7 +1,7 @@
 """The training loop: batches -> label-smoothed loss -> backward -> clip -> Adam + schedule,
 validation BLEU -> best checkpoint / early stopping, exact resume, DistributedDataParallel.
 
-    train(cfg, run_dir)             # what scripts/train.py calls (cfg: config.TrainConfig)
+    train(cfg, run_dir)             # what `transformer train` calls (cfg: config.TrainConfig)
 
 One update = `optim.update_freq` batches; their summed loss is divided by the number of target
 tokens of the whole update on all ranks (as fairseq does), so gradient accumulation and more
@@ -27,10 +27,11 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import sacrebleu
 import torch
@@ -42,12 +43,13 @@ from tqdm import tqdm
 
 from . import checkpoint as ckpt
 from .attention_maps import encoder_decoder_figure
-from .config import TrainConfig, load_config
+from .config import DecodingSettings, TrainConfig, load_config
 from .data import Data, load_data
-from .files import WriteError, atomic_write
+from .errors import CheckpointError, TrainingError, WriteError
+from .files import atomic_write
 from .loss import LabelSmoothedLoss, evaluate_loss
 from .model import Transformer, eval_mode
-from .search import DecodingSettings, search_corpus
+from .search import search_corpus
 from .store import Batch
 from .tokenizer import EOS_ID
 from .train_log import TrainLog, ValidationMetrics, setup_logging
@@ -55,15 +57,11 @@ from .train_log import TrainLog, ValidationMetrics, setup_logging
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["TrainingError", "TrainResult", "TrainState", "TrainClock", "Trainer",
-           "ValidationReport", "train", "lr_lambda"]
+__all__ = ["TrainResult", "TrainState", "TrainClock", "Trainer", "ValidationReport", "train",
+           "lr_lambda", "decayed_parameters", "build_optimizer"]
 
 log = logging.getLogger(__name__)
 PathLike = Union[str, "os.PathLike[str]"]
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (e.g. too many non-finite losses in a row)."""
 
 
 @dataclass
@@ -95,7 +93,7 @@ class TrainResult:
     stop_reason: str
     state: TrainState
     losses: list[float] = field(default_factory=list)  # per update of this run, per token
-    valid: Optional[ValidationMetrics] = None  # the last validation's
+    valid: ValidationMetrics | None = None  # the last validation's
 
 
 # ---- setup ------------------------------------------------------------------------------
@@ -144,7 +142,7 @@ def resolve_device(name: str, env: DistEnv) -> torch.device:
     return torch.device("cpu")
 
 
-def resolve_precision(name: str, device: torch.device) -> Optional[torch.dtype]:
+def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype, or None for float32. `auto`: bf16 on CUDA, float32 on CPU."""
     if name == "auto":
         if device.type != "cuda":
@@ -153,7 +151,7 @@ def resolve_precision(name: str, device: torch.device) -> Optional[torch.dtype]:
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
-def lr_lambda(schedule: str, warmup_updates: int, max_updates: Optional[int] = None,
+def lr_lambda(schedule: str, warmup_updates: int, max_updates: int | None = None,
               cooldown_updates: int = 0) -> Callable[[int], float]:
     """LambdaLR factor of the peak lr for the update after `num_updates` updates: linear
     warmup to 1, then constant or 1/sqrt(update) decay (1 at the end of warmup); with
@@ -179,16 +177,32 @@ def lr_lambda(schedule: str, warmup_updates: int, max_updates: Optional[int] = N
     return factor
 
 
+def decayed_parameters(model: nn.Module) -> list[str]:
+    """Names of the parameters weight decay applies to: the weight matrices of the linear
+    layers (dim >= 2), not biases, LayerNorm gains or embeddings (nor an output projection
+    tied to an embedding), as nanoGPT's `configure_optimizers` chooses."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    return [name for name, p in model.named_parameters()  # a shared matrix appears once
+            if p.dim() >= 2 and id(p) not in embeddings]
+
+
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """Adam/AdamW, with the fused kernel where this PyTorch has one for the device (CPU:
-    torch >= 2.4)."""
+    torch >= 2.4). With `optim.weight_decay` > 0, two parameter groups: the decayed weight
+    matrices (`decayed_parameters`) and the rest, without decay."""
     o = cfg.optim
     cls = torch.optim.AdamW if o.name == "adamw" else torch.optim.Adam
+    params: list[Any] = list(model.parameters())
+    if o.weight_decay > 0:
+        decayed = set(decayed_parameters(model))
+        named = list(model.named_parameters())
+        params = [{"params": [p for n, p in named if n in decayed]},
+                  {"params": [p for n, p in named if n not in decayed], "weight_decay": 0.0}]
     kwargs = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
     try:
-        return cls(model.parameters(), fused=True, **kwargs)
+        return cls(params, fused=True, **kwargs)
     except RuntimeError:  # no fused kernel for these parameters' device
-        return cls(model.parameters(), **kwargs)
+        return cls(params, **kwargs)
 
 
 @dataclass
@@ -197,7 +211,7 @@ class TrainClock:
     trained) plus the time since `start()`. Before `start()` it reads `offset`."""
 
     offset: float = 0.0
-    started: Optional[float] = None
+    started: float | None = None
 
     def start(self) -> None:
         self.started = time.monotonic()
@@ -211,7 +225,7 @@ class _Agreement:
     """What all ranks agree on before an update (one all-reduce)."""
 
     tokens: float  # target tokens of this update, over all ranks
-    stop: Optional[str]  # "signal" or "max_time" if any rank must stop, else None
+    stop: str | None  # "signal" or "max_time" if any rank must stop, else None
 
 
 # ---- the trainer ------------------------------------------------------------------------
@@ -225,7 +239,7 @@ class Trainer:
         self.ckpt_dir = run_dir / "checkpoints"
         self.device = resolve_device(cfg.trainer.device, env)
         self.amp_dtype = resolve_precision(cfg.trainer.precision, self.device)
-        self.stop_requested: Optional[str] = None  # set by the signal handler
+        self.stop_requested: str | None = None  # set by the signal handler
         self.losses: list[float] = []
 
         resume = self._find_resume_checkpoint()
@@ -255,16 +269,16 @@ class Trainer:
         self.log = TrainLog(run_dir, env.is_main,
                             purge_step=self.state.num_updates + 1 if resume else None)
         self._write_config()
-        self._last_valid: Optional[ValidationMetrics] = None
+        self._last_valid: ValidationMetrics | None = None
 
     # -- setup pieces --
 
-    def _find_resume_checkpoint(self) -> Optional[tuple[Path, dict]]:
+    def _find_resume_checkpoint(self) -> tuple[Path, dict] | None:
         """(path, state) of checkpoint_last.pt if the run directory has one."""
         path = self.ckpt_dir / ckpt.LAST
         if not path.is_file():
             if self.cfg.trainer.resume:
-                raise ckpt.CheckpointError(
+                raise CheckpointError(
                     f"trainer.resume=true but there is no {path} to resume from")
             return None
         return path, ckpt.load_checkpoint(path, map_location="cpu")
@@ -301,12 +315,16 @@ class Trainer:
         """Continue from a checkpoint written by `save` (same model config required)."""
         ckpt.check_model_config(state, self.model.config, path)
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except ValueError as e:  # other parameter groups (another optim.weight_decay)
+            raise CheckpointError(f"{path}: its optimizer state does not fit this run's "
+                                  f"optimizer ({e})") from e
         self.scheduler.load_state_dict(state["scheduler"])
         # The next update's lr follows this run's schedule, which may differ from the saved
         # one after the resume point (e.g. a cooldown added or moved with trainer.max_updates).
         for group, base_lr, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
-                                          self.scheduler.lr_lambdas):
+                                          self.scheduler.lr_lambdas, strict=True):
             group["lr"] = base_lr * factor(self.scheduler.last_epoch)
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
@@ -350,7 +368,7 @@ class Trainer:
                  f"{s.target_tokens:,}", s.train_time, s.best_bleu, self.ckpt_dir)
         return TrainResult(reason, s, self.losses, valid)
 
-    def run_epoch(self) -> Optional[str]:
+    def run_epoch(self) -> str | None:
         """Train on the rest of the current epoch, then validate and save (before
         `trainer.validate_after_updates` updates, or without `trainer.validate_every_epoch`:
         save only). Within the epoch: validate every `trainer.validate_every_updates`, save
@@ -391,7 +409,7 @@ class Trainer:
             return None
         return "patience" if self.validate_and_save().early_stop else None
 
-    def train_step(self, batches: list[Batch]) -> Optional[str]:
+    def train_step(self, batches: list[Batch]) -> str | None:
         """One update over `batches` (gradient accumulation). Returns "signal"/"max_time"
         when the ranks agree to stop instead (before any work)."""
         agreed = self._agree_before_update(sum(b.num_tgt_tokens for b in batches))
@@ -434,7 +452,7 @@ class Trainer:
         if self.env.distributed:
             t = torch.tensor(list(votes.values()), dtype=torch.float64, device=self.device)
             dist.all_reduce(t)
-            votes = dict(zip(votes, t.tolist()))
+            votes = dict(zip(votes, t.tolist(), strict=True))
         stop = "signal" if votes["signal"] else "max_time" if votes["max_time"] else None
         return _Agreement(votes["tokens"], stop)
 
@@ -482,7 +500,7 @@ class Trainer:
 
     # -- validation and checkpoints --
 
-    def validate_and_save(self) -> "_Validated":
+    def validate_and_save(self) -> _Validated:
         """Validate (rank 0), update best BLEU / patience, write checkpoints."""
         s, t = self.state, self.cfg.trainer
         report = self.validate() if self.env.is_main else None
@@ -506,7 +524,7 @@ class Trainer:
         return _Validated(metrics, bool(t.patience and s.bad_validations >= t.patience))
 
     @torch.no_grad()
-    def validate(self) -> "ValidationReport":
+    def validate(self) -> ValidationReport:
         """Loss/perplexity on the validation set and BLEU/chrF of greedy translations, a few
         sample translations and, with TensorBoard, the encoder-decoder attention of the first
         validation sentence. Writes nothing."""
@@ -527,7 +545,8 @@ class Trainer:
                                     sacrebleu.corpus_chrf(hyps, [refs]).score,
                                     time.perf_counter() - start)
         k = self.cfg.trainer.num_samples
-        return ValidationReport(metrics, list(zip(srcs[:k], refs[:k], hyps[:k])), figure)
+        samples = list(zip(srcs[:k], refs[:k], hyps[:k], strict=True))
+        return ValidationReport(metrics, samples, figure)
 
     def _translate_valid(self) -> list[str]:
         """Greedy translations of the first `trainer.bleu_max_sentences` validation sentences,
@@ -549,15 +568,13 @@ class Trainer:
             rngs = [None] * self.env.world_size
             dist.all_gather_object(rngs, ckpt.rng_state())
         return {
-            "model": self.model.state_dict(),
-            "model_config": self.model.config.to_dict(),
-            "tokenizer": ckpt.tokenizers_to_state(self.data.tokenizers),
+            **ckpt.inference_checkpoint(self.model, self.data.tokenizers,
+                                        training_config=self.cfg),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "train_state": asdict(self.state),
             "rng": rngs,
-            "config": self.cfg.to_dict(),
         }
 
     def save(self, best: bool = False, numbered: bool = False) -> None:
@@ -588,7 +605,7 @@ class ValidationReport:
 
     metrics: ValidationMetrics
     samples: list[tuple[str, str, str]]  # (source, reference, greedy translation)
-    figure: Optional["Figure"]  # encoder-decoder attention of the first sentence
+    figure: Figure | None  # encoder-decoder attention of the first sentence
 
 
 @dataclass

@@ -4,7 +4,9 @@
     translator.translate(["A man rides a bike."], beam_size=5)        # -> ["Ein Mann ..."]
     translator.translate(lines, nbest=3)            # -> [[(text, score), ...x3], ...]
 
-Also the pieces `scripts/translate.py` is made of: chunked translation of a stream in input
+`BaseTranslator` is the interface every engine offers (ours here, CTranslate2's in
+`engines.py`), and all that `transformer translate`, the server and the export rely on. Also
+the pieces `transformer translate` is made of: chunked translation of a stream in input
 order, n-best formatting and sacrebleu scoring.
 """
 
@@ -13,17 +15,26 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from dataclasses import fields, replace
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence, TextIO, Union
+from typing import Any, ClassVar, TextIO, Union
 
 import torch
 
-from .checkpoint import (CheckpointError, average_checkpoints, load_checkpoint,
-                         model_from_checkpoint, tokenizers_from_state)
+from .checkpoint import (
+    average_checkpoints,
+    load_checkpoint,
+    model_from_checkpoint,
+    stored_decoding,
+    stored_training_config,
+    tokenizers_from_state,
+)
+from .config import DecodingSettings, TrainConfig
+from .errors import CheckpointError, DataError
 from .model import ModelConfig, Transformer
-from .search import DEFAULT_MAX_TOKENS, DecodingSettings, Hypothesis, search_corpus
-from .text import DataError
+from .search import DEFAULT_MAX_TOKENS, Hypothesis, search_corpus
 from .tokenizer import EOS_ID, TokenizerPair
 
 __all__ = ["BaseTranslator", "Translator", "resolve_checkpoint", "translate_lines",
@@ -52,48 +63,70 @@ def resolve_checkpoint(path: PathLike) -> Path:
     raise CheckpointError(f"no checkpoint_best.pt or checkpoint_last.pt in {path}/checkpoints")
 
 
-def _device(device: Union[str, torch.device]) -> torch.device:
+def _device(device: str | torch.device) -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
 
 
-class BaseTranslator:
-    """What every engine's translator shares: tokenizers, decoding defaults, the source
-    encoding (pieces + EOS, over-long lines truncated) and `translate`'s batching and return
-    conventions. An engine supplies `_search` (`Translator`: our PyTorch model;
-    `engines.CTranslate2Translator`: an exported CTranslate2 model).
+class BaseTranslator(ABC):
+    """What every engine's translator offers: tokenizers, decoding defaults, the source
+    encoding (pieces + EOS, over-long lines truncated), `translate`'s batching and return
+    conventions, and what the tools around it read (`model_config`, `max_source_tokens`,
+    `languages`, `vocab_map`). An engine supplies `model_config` and `_search`
+    (`Translator`: our PyTorch model; `engines.CTranslate2Translator`: an exported model).
 
     `decoding` holds the defaults every `translate` call starts from; `training_config` is
-    the training configuration the checkpoint recorded (its language pair and data), or None.
-    A subclass provides `model_config` (the `ModelConfig` of the model it runs).
+    the training configuration the checkpoint recorded (its language pair and data), parsed
+    when the engine is loaded, or None.
     """
 
-    engine = ""  # "torch" or "ctranslate2"
-    model_config: ModelConfig
+    engine: ClassVar[str]  # "torch" or "ctranslate2"
 
     def __init__(self, tokenizers: TokenizerPair, *,
                  decoding: DecodingSettings = DecodingSettings(),
-                 training_config: Optional[dict] = None):
+                 training_config: TrainConfig | None = None):
         self.tokenizers = tokenizers
         self.decoding = decoding
         self.training_config = training_config
+
+    @property
+    @abstractmethod
+    def model_config(self) -> ModelConfig:
+        """The config of the model this engine runs (pruned heads included)."""
 
     @property
     def max_source_tokens(self) -> int:
         """Source pieces the model reads at most (its position limit, minus EOS)."""
         return self.model_config.max_positions - 1
 
-    def settings(self, **overrides: Optional[Union[int, float]]) -> DecodingSettings:
+    @property
+    def languages(self) -> dict[str, str | None]:
+        """{"src": code, "tgt": code} of the training data; None where not recorded."""
+        data = None if self.training_config is None else self.training_config.data
+        return {"src": data and data.src_lang, "tgt": data and data.tgt_lang}
+
+    @property
+    def vocab_map(self) -> dict[str, Any] | None:
+        """The vocabulary map the engine decodes over (`ExportInfo.vocab_map`: its file and
+        counts), or None: every step scores the whole target vocabulary."""
+        return None
+
+    @property
+    def num_parameters(self) -> int | None:
+        """The model's parameter count, where the engine can tell."""
+        return None
+
+    def settings(self, **overrides: int | float | None) -> DecodingSettings:
         """`self.decoding` with the given fields replaced; None keeps the default."""
         return replace(self.decoding, **{k: v for k, v in overrides.items() if v is not None})
 
-    def translate(self, lines: Sequence[str], *, beam_size: Optional[int] = None,
-                  nbest: int = 1, alpha: Optional[float] = None,
-                  max_tokens: int = DEFAULT_MAX_TOKENS, max_len_a: Optional[float] = None,
-                  max_len_b: Optional[int] = None, return_scores: bool = False,
-                  line_offset: int = 0, on_progress: Optional[Callable[[int], None]] = None,
-                  use_cache: bool = True) -> Union[list[str], list[Scored]]:
+    def translate(self, lines: Sequence[str], *, beam_size: int | None = None,
+                  nbest: int = 1, alpha: float | None = None,
+                  max_tokens: int = DEFAULT_MAX_TOKENS, max_len_a: float | None = None,
+                  max_len_b: int | None = None, return_scores: bool = False,
+                  line_offset: int = 0, on_progress: Callable[[int], None] | None = None,
+                  use_cache: bool = True) -> list[str] | list[Scored]:
         """Translate sentences, in input order.
 
         Returns one string per line, or, with `nbest > 1` or `return_scores`, one n-best list
@@ -115,12 +148,12 @@ class BaseTranslator:
             return [scored[0][0] for scored in results]
         return results
 
+    @abstractmethod
     def _search(self, sources: list[list[int]], settings: DecodingSettings, *, nbest: int,
                 max_tokens: int, use_cache: bool,
-                on_progress: Optional[Callable[[int], None]]) -> list[list[Hypothesis]]:
+                on_progress: Callable[[int], None] | None) -> list[list[Hypothesis]]:
         """The engine's `search_corpus`: source ids (with EOS; [] for a blank line) ->
         `nbest` hypotheses per sentence, in input order."""
-        raise NotImplementedError
 
     def _encode(self, lines: Sequence[str], line_offset: int) -> list[list[int]]:
         """Source ids (pieces + EOS) per line, [] for a blank line; over-long lines are
@@ -146,16 +179,16 @@ class Translator(BaseTranslator):
     """Our PyTorch engine: a model, its tokenizers and its decoding defaults, ready to
     translate raw sentences.
 
-    `decoding` defaults to those stored in the checkpoint by `scripts/tune_decoding.py`
+    `decoding` defaults to those stored in the checkpoint by `transformer tune-decoding`
     (alpha and beam size chosen on validation data), else `DecodingSettings()`.
     """
 
-    engine = "torch"
+    engine: ClassVar[str] = "torch"
 
     def __init__(self, model: Transformer, tokenizers: TokenizerPair,
-                 device: Union[str, torch.device] = "cpu", *,
+                 device: str | torch.device = "cpu", *,
                  decoding: DecodingSettings = DecodingSettings(),
-                 training_config: Optional[dict] = None):
+                 training_config: TrainConfig | None = None):
         super().__init__(tokenizers, decoding=decoding,
                          training_config=training_config)
         self.device = _device(device)
@@ -166,9 +199,13 @@ class Translator(BaseTranslator):
         """The model's own config (it changes when heads are pruned)."""
         return self.model.config
 
+    @property
+    def num_parameters(self) -> int:
+        return self.model.num_parameters()
+
     @classmethod
-    def load(cls, checkpoint: Union[PathLike, Sequence[PathLike]],
-             device: Union[str, torch.device] = "auto") -> "Translator":
+    def load(cls, checkpoint: PathLike | Sequence[PathLike],
+             device: str | torch.device = "auto") -> Translator:
         """Load a checkpoint file or run directory; several are averaged (same model config,
         the first one's tokenizer and settings). Raises CheckpointError with a one-line
         message."""
@@ -176,42 +213,25 @@ class Translator(BaseTranslator):
         files = [resolve_checkpoint(p) for p in paths]
         state = load_checkpoint(files[0]) if len(files) == 1 else average_checkpoints(files)
         name = files[0] if len(files) == 1 else f"the average of {len(files)} checkpoints"
-        try:
-            tokenizers = tokenizers_from_state(state, name)
-        except CheckpointError:
-            raise
-        except (RuntimeError, ValueError) as e:  # a corrupt SentencePiece proto
-            raise CheckpointError(f"{name} holds an unreadable tokenizer: "
-                                  f"{str(e).splitlines()[0] if str(e) else e!r}") from e
+        tokenizers = tokenizers_from_state(state, name)
         model = model_from_checkpoint(state, name)
         for side, tokenizer, size in (("src", tokenizers.src, model.config.src_vocab_size),
                                       ("tgt", tokenizers.tgt, model.config.tgt_vocab_size)):
             if tokenizer.vocab_size != size:
                 raise CheckpointError(f"{name}: the {side} tokenizer has {tokenizer.vocab_size} "
                                       f"pieces but the model's vocabulary is {size}")
-        return cls(model, tokenizers, device, decoding=_stored_decoding(state, name),
-                   training_config=state.get("config"))
+        return cls(model, tokenizers, device, decoding=stored_decoding(state, name),
+                   training_config=stored_training_config(state, name))
 
     def _search(self, sources: list[list[int]], settings: DecodingSettings, *, nbest: int,
                 max_tokens: int, use_cache: bool,
-                on_progress: Optional[Callable[[int], None]]) -> list[list[Hypothesis]]:
+                on_progress: Callable[[int], None] | None) -> list[list[Hypothesis]]:
         return search_corpus(self.model, sources, settings=settings, nbest=nbest,
                              max_tokens=max_tokens, use_cache=use_cache,
                              on_progress=on_progress)
 
 
-def _stored_decoding(state: dict, name: object) -> DecodingSettings:
-    """The decoding settings a checkpoint stores (`decoding`: alpha, beam_size, ...), over
-    the defaults; a checkpoint without them gets the defaults."""
-    stored = state.get("decoding") or {}
-    known = {f.name for f in fields(DecodingSettings)}
-    try:
-        return DecodingSettings(**{k: v for k, v in stored.items() if k in known})
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{name} has invalid decoding settings {stored}: {e}") from e
-
-
-# ---- streams, as used by scripts/translate.py ---------------------------------------------
+# ---- streams, as `transformer translate` uses them ---------------------------------------------
 
 def format_nbest(line_number: int, scored: Scored) -> list[str]:
     """n-best output lines: LINE_NUMBER <tab> SCORE <tab> TRANSLATION, best first."""
@@ -220,7 +240,7 @@ def format_nbest(line_number: int, scored: Scored) -> list[str]:
 
 def translate_lines(translator: BaseTranslator, lines: Iterable[str], out: TextIO, *,
                     chunk_lines: int = 10_000, nbest: int = 1, keep: bool = False,
-                    flush: bool = False, on_progress: Optional[Callable[[int], None]] = None,
+                    flush: bool = False, on_progress: Callable[[int], None] | None = None,
                     **options) -> list[str]:
     """Translate `lines` chunk by chunk (memory stays bounded), writing each chunk's
     translations to `out` in input order before reading the next chunk: one line per input

@@ -95,7 +95,7 @@ def _likeliest_targets(src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], tgt
     starts = np.flatnonzero(np.r_[True, sources[1:] != sources[:-1]]) if len(sources) else []
     ends = np.r_[starts[1:], len(sources)].astype(np.int64)
     return {int(sources[a]): targets[a:min(b, a + per_source)].tolist()
-            for a, b in zip(starts, ends)}
+            for a, b in zip(starts, ends, strict=True)}
 
 
 def _pieces_of(ids: list[int]) -> np.ndarray:
@@ -111,7 +111,8 @@ def _cooccurrences(src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], tgt_voc
     keys, counts = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for start in range(0, len(src_ids), chunk):
         block = [(s[:, None] * tgt_vocab + t[None, :]).ravel()
-                 for s, t in zip(src_ids[start:start + chunk], tgt_ids[start:start + chunk])]
+                 for s, t in zip(src_ids[start:start + chunk], tgt_ids[start:start + chunk],
+                                 strict=True)]
         k, c = np.unique(np.concatenate(block + [np.zeros(0, np.int64)]), return_counts=True)
         keys.append(k)
         counts.append(c)

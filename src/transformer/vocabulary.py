@@ -11,13 +11,15 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Union
+from typing import Union
 
 import numpy as np
 
 from .config import DataConfig
-from .text import DataError, ParallelText, iter_parallel
+from .errors import DataError
+from .text import ParallelText, iter_parallel
 from .tokenizer import Tokenizer, TokenizerPair
 
 __all__ = ["spm_paths", "existing_tokenizers", "sample_pairs", "train_tokenizers"]
@@ -36,7 +38,7 @@ def spm_paths(cfg: DataConfig, run_dir: PathLike) -> list[Path]:
     return [run_dir / "spm.src.model", run_dir / "spm.tgt.model"]
 
 
-def existing_tokenizers(cfg: DataConfig, run_dir: PathLike) -> Optional[TokenizerPair]:
+def existing_tokenizers(cfg: DataConfig, run_dir: PathLike) -> TokenizerPair | None:
     """`cfg.spm_model` if set, else the run directory's model(s) if present, else None."""
     if cfg.spm_model is not None:
         tok = Tokenizer.load(Path(cfg.spm_model).expanduser())
@@ -46,7 +48,7 @@ def existing_tokenizers(cfg: DataConfig, run_dir: PathLike) -> Optional[Tokenize
     if not all(p.is_file() for p in paths):
         return None
     toks = [Tokenizer.load(p) for p in paths]
-    for path, tok in zip(paths, toks):
+    for path, tok in zip(paths, toks, strict=True):
         if tok.vocab_size != cfg.vocab_size:
             raise DataError(
                 f"{path} has vocabulary size {tok.vocab_size} but data.vocab_size="

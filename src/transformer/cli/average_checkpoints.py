@@ -1,0 +1,54 @@
+"""Average the parameters of several checkpoints into one (for translation).
+
+    transformer average-checkpoints RUN_DIR/checkpoints --last 5 -o averaged.pt
+    transformer average-checkpoints a.pt b.pt c.pt -o averaged.pt
+
+With a directory, the newest `--last` numbered checkpoints (checkpoint_<updates>.pt, kept by
+trainer.keep_last) are averaged; checkpoint_last/best are not included. The result keeps the
+first checkpoint's tokenizer, training config and decoding settings
+(`checkpoint.average_checkpoints`). `python scripts/average_checkpoints.py` is the same
+command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..checkpoint import average_checkpoints, numbered_checkpoints, save_checkpoint
+from ..errors import CheckpointError
+from . import report_errors
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("inputs", nargs="+", type=Path,
+                   help="checkpoint files, or one checkpoints/ directory")
+    p.add_argument("--last", type=int, default=5,
+                   help="with a directory: how many of the newest numbered checkpoints")
+    p.add_argument("-o", "--output", type=Path, required=True)
+    return p
+
+
+def run(args: argparse.Namespace) -> None:
+    paths = args.inputs
+    if len(paths) == 1 and paths[0].is_dir():
+        paths = numbered_checkpoints(paths[0])[-args.last:]
+        if not paths:
+            raise CheckpointError(f"no checkpoint_<updates>.pt files in {args.inputs[0]}")
+        if len(paths) < args.last:
+            print(f"note: only {len(paths)} numbered checkpoints in {args.inputs[0]}",
+                  file=sys.stderr)
+    save_checkpoint(average_checkpoints(paths), args.output)
+    print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) "
+          f"-> {args.output}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.last < 1:
+        parser.error("--last must be >= 1")
+    return report_errors(lambda: run(args))

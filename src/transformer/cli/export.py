@@ -1,0 +1,71 @@
+"""Export a trained model to CTranslate2 for fast CPU (or GPU) translation.
+
+    transformer export --checkpoint RUN_DIR_OR_PT [RUN_DIR_OR_PT ...] --output DIR
+        [--quantization float32|int8|int8_float32] [--vocab-map TRAIN_SRC TRAIN_TGT
+        [--vocab-map-size N] [--vocab-map-always N]]
+
+Writes a CTranslate2 model directory: `model.bin` and the vocabulary (CTranslate2's), the
+SentencePiece model, and `transformer.json` (model config, decoding defaults, language
+pair), so that `transformer translate --engine ctranslate2 --checkpoint DIR` translates
+with the same tokenization and defaults as the checkpoint. Several checkpoints are averaged
+first; pruned checkpoints export too (removed heads become zero weights). `int8` stores the
+weights as 8-bit integers (about a third of the float32 size; the activations stay
+float32). `--vocab-map` counts a vocabulary map in a parallel corpus (normally the training
+data): CTranslate2 then scores only each batch's candidate target pieces instead of the
+whole vocabulary (faster; a word outside the candidates cannot be produced; see
+transformer/vocab_map.py). Needs the `ctranslate2` package: pip install
+'transformer[export]'. `python scripts/export.py` is the same command.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..export import QUANTIZATIONS, export_ctranslate2, require_ctranslate2
+from ..translator import Translator
+from ..vocab_map import DEFAULT_ALWAYS, DEFAULT_PER_SOURCE, build_vocab_map
+from . import report_errors
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--checkpoint", nargs="+", required=True, metavar="RUN_DIR_OR_PT",
+                   help="checkpoint file or run directory (its best checkpoint); several are "
+                        "averaged")
+    p.add_argument("--output", type=Path, required=True, help="the CTranslate2 model directory")
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="float32",
+                   help="weight type (default float32)")
+    p.add_argument("--vocab-map", nargs=2, type=Path, metavar=("SRC", "TGT"),
+                   help="a parallel corpus (normally the training files) to count a vocabulary "
+                        "map in: CTranslate2 then decodes over candidate target pieces only")
+    p.add_argument("--vocab-map-size", type=int, default=DEFAULT_PER_SOURCE, metavar="N",
+                   help=f"candidate target pieces per source piece (default {DEFAULT_PER_SOURCE})")
+    p.add_argument("--vocab-map-always", type=int, default=DEFAULT_ALWAYS, metavar="N",
+                   help=f"the N most frequent target pieces are always candidates (default "
+                        f"{DEFAULT_ALWAYS})")
+    return p
+
+
+def run(args: argparse.Namespace) -> None:
+    require_ctranslate2()  # before loading anything
+    translator = Translator.load(args.checkpoint, device="cpu")
+    vocab_map = None if args.vocab_map is None else build_vocab_map(
+        translator.tokenizers, *args.vocab_map, per_source=args.vocab_map_size,
+        always=args.vocab_map_always)
+    export_ctranslate2(translator, args.output, quantization=args.quantization,
+                       source=" ".join(args.checkpoint), vocab_map=vocab_map)
+    size = (args.output / "model.bin").stat().st_size
+    mapped = "" if vocab_map is None else (
+        f", vocabulary map of {len(vocab_map.candidates):,} source pieces from "
+        f"{vocab_map.pairs:,} pairs")
+    print(f"wrote {args.output} ({args.quantization}, model.bin {size / 2**20:.1f} MiB{mapped})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.vocab_map_size < 1 or args.vocab_map_always < 0:
+        parser.error("--vocab-map-size must be >= 1 and --vocab-map-always >= 0")
+    return report_errors(lambda: run(args))

@@ -1,0 +1,34 @@
+"""Plot validation BLEU against training time from runs' TensorBoard logs.
+
+    transformer plot-curves RUN_DIR [RUN_DIR ...] [--labels A B ...] -o docs/bleu.png
+
+`python scripts/plot_curves.py` is the same command.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..plots import plot_bleu_vs_time
+from . import report_errors
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="+", type=Path, help="run directories (hydra.run.dir)")
+    p.add_argument("--labels", nargs="+", help="legend entries, one per run")
+    p.add_argument("-o", "--output", type=Path, required=True, help="PNG file to write")
+    p.add_argument("--title", default="Validation BLEU (greedy) vs. training time")
+    return p
+
+
+def run(args: argparse.Namespace) -> None:
+    plot_bleu_vs_time(args.runs, args.output, args.labels, args.title)
+    print(f"wrote {args.output}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return report_errors(lambda: run(args))

@@ -1,0 +1,36 @@
+"""Prepare a run's data without training: its tokenizer and one memory-mapped store per split.
+
+    transformer prepare-data [the same overrides as transformer train] hydra.run.dir=runs/x
+
+Takes the training command's configuration and run directory: it finds or trains the
+SentencePiece model (on a sample of at most data.spm_max_sentences pairs) and streams every
+split into an encoded store under runs/x/cache (or data.cache_dir), exactly as `transformer
+train` would at start-up, which then finds them ready. For a large corpus, run it once
+before launching many training processes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config import TrainConfig
+from ..data import load_data
+from ..train_log import setup_logging
+from . import hydra_command
+
+
+def prepare(config: TrainConfig, run_dir: Path) -> None:
+    """Build the run's tokenizer and stores, and print what each split holds."""
+    cleanup = setup_logging(run_dir, rank=0)
+    try:
+        data = load_data(config.data, run_dir)
+    finally:
+        cleanup()
+    for split in ("train", "valid", "test"):
+        corpus = getattr(data, split)
+        if corpus is not None:
+            print(f"{split}: {len(corpus):,} pairs, {len(corpus.src_ids):,} + "
+                  f"{len(corpus.tgt_ids):,} tokens -> {corpus.path}")
+
+
+main = hydra_command(prepare)

@@ -1,0 +1,20 @@
+"""Train a translation model (Hydra: the package's configs plus command-line overrides).
+
+    transformer train                                 # Multi30k en->de recipe (downloads it)
+    transformer train data.root=DIR                   # Multi30k already in DIR (offline)
+    transformer train experiment=smoke
+    transformer train model=small optim.lr=0.001 hydra.run.dir=runs/small
+    transformer train --config-dir my_configs experiment=mine   # your own presets first
+    torchrun --nproc-per-node=2 -m transformer train hydra.run.dir=runs/ddp ...
+
+The configs are the package's (`transformer train --cfg job` prints the composed one); the
+run directory is Hydra's (`hydra.run.dir=...`), and a run directory with
+checkpoints/checkpoint_last.pt is resumed. `python scripts/train.py` is the same command.
+"""
+
+from __future__ import annotations
+
+from ..training import train
+from . import hydra_command
+
+main = hydra_command(train)

@@ -1,0 +1,101 @@
+"""Choose, on validation data, how many checkpoints to average and the length penalty.
+
+    transformer tune-decoding RUN_DIR -o CHOSEN.pt [--within SECONDS]
+        [--last 1 2 3 5 10] [--alpha 1.0 1.5 2.0 2.5 3.0] [--beam-size 5]
+        [--data-root DIR | --src FILE --ref FILE] [--device auto]
+
+Decodes the run's validation split (found as the run found it: its data=files paths, or
+Multi30k in its data.root, else in the download cache) with the average of the newest N
+numbered checkpoints for each N of --last, and each length-penalty alpha of --alpha, printing
+cased sacreBLEU for each. Writes the best average to CHOSEN.pt with the chosen alpha and beam
+size (ties: fewer checkpoints, then the alpha listed first); `transformer translate
+--checkpoint CHOSEN.pt` then decodes with them unless told otherwise.
+`--within 1800` considers only the checkpoints saved in the first 30 minutes of training.
+The test set is not an option here: choices are made on validation data only.
+`python scripts/tune_decoding.py` is the same command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from ..checkpoint import (
+    inference_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    stored_training_config,
+)
+from ..evaluation import (
+    DecodingTrial,
+    add_evaluation_arguments,
+    best_trial,
+    checkpoints_within,
+    evaluation_text,
+    tune_decoding,
+)
+from ..search import DEFAULT_MAX_TOKENS
+from ..translator import Translator
+from . import report_errors
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("run", type=Path, help="run directory (or its checkpoints/ folder)")
+    p.add_argument("-o", "--output", type=Path, required=True,
+                   help="where to write the chosen (averaged) checkpoint")
+    p.add_argument("--within", type=float, metavar="SECONDS",
+                   help="only checkpoints saved within this much training time")
+    p.add_argument("--last", type=int, nargs="+", default=[1, 2, 3, 5, 10],
+                   help="numbers of newest checkpoints to average")
+    p.add_argument("--alpha", type=float, nargs="+", default=[1.0, 1.5, 2.0, 2.5, 3.0],
+                   help="length-penalty exponents to try")
+    p.add_argument("--beam-size", type=int, default=5)
+    add_evaluation_arguments(p, splits=("valid",), max_tokens=DEFAULT_MAX_TOKENS)
+    return p
+
+
+def _row(trial: DecodingTrial) -> str:
+    return (f"{len(trial.checkpoints):>4}  {trial.alpha:>5.2f}  {trial.bleu:>5.2f}  "
+            f"{trial.brevity_penalty:.3f}  {trial.checkpoints[-1].name}")
+
+
+def run(args: argparse.Namespace) -> None:
+    folder = args.run / "checkpoints" if (args.run / "checkpoints").is_dir() else args.run
+    checkpoints = checkpoints_within(folder, args.within)
+    newest = load_checkpoint(checkpoints[-1], mmap=True)  # mapped: only its config is read
+    text = evaluation_text(stored_training_config(newest, checkpoints[-1]), data=args.data,
+                           data_root=args.data_root, src=args.src, ref=args.ref,
+                           max_sentences=args.max_sentences)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"{len(checkpoints)} checkpoints ({checkpoints[0].name} .. {checkpoints[-1].name}); "
+          f"validation: {len(text)} sentences, beam {args.beam_size}")
+    print("last  alpha   BLEU  BP     newest")
+    trials = tune_decoding(checkpoints, text.src, text.tgt, lasts=args.last,
+                           alphas=args.alpha, beam_size=args.beam_size,
+                           max_tokens=args.max_tokens, device=args.device,
+                           on_trial=lambda t: print(_row(t), flush=True))
+    best = best_trial(trials)
+    chosen = Translator.load(list(best.checkpoints), device="cpu")
+    decoding = dataclasses.replace(chosen.decoding, alpha=best.alpha, beam_size=args.beam_size)
+    save_checkpoint(inference_checkpoint(
+        chosen.model, chosen.tokenizers, training_config=chosen.training_config,
+        decoding=decoding, averaged_from=[str(p) for p in best.checkpoints],
+        valid_bleu=best.bleu), args.output)
+    print(f"chosen: the average of the last {len(best.checkpoints)} checkpoint(s), alpha "
+          f"{best.alpha:g}: validation BLEU {best.bleu:.2f}")
+    print(f"wrote {args.output}; transformer translate --checkpoint {args.output} decodes "
+          f"with alpha {best.alpha:g} and beam {args.beam_size} unless told otherwise")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.beam_size < 1 or min(args.last) < 1 or min(args.alpha) < 0:
+        parser.error("--beam-size and --last must be >= 1, --alpha >= 0")
+    return report_errors(lambda: run(args))
