@@ -1,14 +1,14 @@
 """Typed configuration: every schema behind the package's `configs/*.yaml`, in one module,
 and the decoding settings every translator starts from.
 
-Hydra composes `configs/config.yaml` (package data, `CONFIG_DIR`; a user's own directory is
-searched first with `--config-dir DIR`) with one option per group (`model/`, `data/`,
-`optim/`, `trainer/`, `experiment/`) onto `TrainConfig`, registered in Hydra's ConfigStore as
-`train_schema`. So a misspelled key or a value of the wrong type fails while composing, with
-the key named, and `load_config` turns the result into dataclasses whose `validate()` checks
-value ranges (`ConfigError: optim.lr must be > 0, got -1.0`) before anything is trained. A
-checkpoint stores its run's config as plain values (`TrainConfig.to_dict`), read back once
-at load by `TrainConfig.from_dict`.
+Hydra composes `configs/config.yaml` (package data, `CONFIG_DIR`; `--config-dir DIR` adds a
+user's own directory, searched after it, so its presets take new names) with one option per
+group (`model/`, `data/`, `optim/`, `trainer/`, `experiment/`) onto `TrainConfig`,
+registered in Hydra's ConfigStore as `train_schema`. So a misspelled key or a value of the
+wrong type fails while composing, with the key named, and `load_config` turns the result
+into dataclasses whose `validate()` checks value ranges (`ConfigError: optim.lr must be > 0,
+got -1.0`) before anything is trained. A checkpoint stores its run's config as plain values
+(`TrainConfig.to_dict`), read back once at load by `TrainConfig.from_dict`.
 """
 
 from __future__ import annotations

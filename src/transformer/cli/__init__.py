@@ -8,7 +8,7 @@
 Each command is a module of this package with a `main(argv) -> int`; `scripts/*.py` in the
 repository call the same functions. The two commands that take the training configuration
 (`train`, `prepare-data`) are Hydra apps over the package's configs (`config.CONFIG_DIR`;
-`--config-dir DIR` puts a user's own config directory first); the others use argparse.
+`--config-dir DIR` adds a user's own presets, under new names); the others use argparse.
 Every command reports the package's errors the same way (`report_errors`).
 """
 
@@ -87,27 +87,29 @@ def report_errors(run: Callable[[], object]) -> int:
 
 def hydra_command(task: Callable[[TrainConfig, Path], object]) -> Callable[..., int]:
     """A command over the training configuration: Hydra composes the package's configs
-    (or those of `--config-dir DIR` first) with the command line's overrides, and
+    (and those of `--config-dir DIR`) with the command line's overrides, and
     `task(config, run_dir)` runs on the validated `TrainConfig` in Hydra's run directory,
-    its errors reported by `report_errors`."""
+    its errors reported by `report_errors`. Hydra names the job after `task`'s module."""
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import DictConfig
 
     from ..config import CONFIG_DIR, load_config, register_configs
 
-    @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
-    def hydra_main(cfg: DictConfig) -> None:
+    def run_task(cfg: DictConfig) -> None:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         status = report_errors(lambda: task(load_config(cfg), run_dir))
         if status:
             sys.exit(status)
 
+    run_task.__module__ = task.__module__  # e.g. transformer.cli.train: the job "train"
+    hydra_main = hydra.main(config_path=str(CONFIG_DIR), config_name="config",
+                            version_base="1.3")(run_task)
+
     def main(argv: Sequence[str] | None = None) -> int:
         if argv is not None:  # Hydra reads its arguments from sys.argv
             sys.argv[1:] = list(argv)
         register_configs()
-        hydra_main()
-        return 0
+        return report_errors(hydra_main)  # e.g. `--help | head`
 
     return main

@@ -4,7 +4,7 @@
     transformer train data.root=DIR                   # Multi30k already in DIR (offline)
     transformer train experiment=smoke
     transformer train model=small optim.lr=0.001 hydra.run.dir=runs/small
-    transformer train --config-dir my_configs experiment=mine   # your own presets first
+    transformer train --config-dir my_configs experiment=mine   # your own preset
     torchrun --nproc-per-node=2 -m transformer train hydra.run.dir=runs/ddp ...
 
 The configs are the package's (`transformer train --cfg job` prints the composed one); the
@@ -14,7 +14,16 @@ checkpoints/checkpoint_last.pt is resumed. `python scripts/train.py` is the same
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from ..config import TrainConfig
 from ..training import train
 from . import hydra_command
 
-main = hydra_command(train)
+
+def run(config: TrainConfig, run_dir: Path) -> None:
+    """Train (or resume) the run in `run_dir`."""
+    train(config, run_dir)
+
+
+main = hydra_command(run)
