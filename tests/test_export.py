@@ -331,15 +331,16 @@ def test_translate_script_ctranslate2_errors_are_one_line(checkpoint, tmp_path, 
 def test_missing_ctranslate2_says_how_to_install(checkpoint, exports, tmp_path, capsys,
                                                  monkeypatch):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # `import ctranslate2` fails
-    with pytest.raises(ExportError, match=r"pip install -e '\.\[export\]'"):
+    with pytest.raises(ExportError,
+                       match=r"pip install 'ctranslate2>=4' \(the package's \[export\] extra\)"):
         load_translator(exports["float32"], "ctranslate2")
     src = write_lines(tmp_path / "in.txt", ["Hallo"])
     assert translate_command.main(["--engine", "ctranslate2", "--checkpoint",
                                   str(exports["float32"]), "--input", str(src)]) == 1
-    one_line_error(capsys, "pip install -e '.[export]'")
+    one_line_error(capsys, "pip install 'ctranslate2>=4'")
     assert export_command.main(["--checkpoint", str(checkpoint), "--output",
                                str(tmp_path / "ct2")]) == 1
-    one_line_error(capsys, "pip install -e '.[export]'")
+    one_line_error(capsys, "pip install 'ctranslate2>=4'")
     # Our engine needs no ctranslate2.
     assert translate_command.main(["--checkpoint", str(checkpoint), "--input", str(src),
                                   "--output", str(tmp_path / "out.txt"), "--device",

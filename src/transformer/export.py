@@ -61,7 +61,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 QUANTIZATIONS = ("float32", "int8", "int8_float32")  # CPU weight types worth exporting
 EXPORT_INFO = "transformer.json"  # our metadata beside CTranslate2's model.bin
 VOCAB_MAP = "vmap.txt"  # the file name CTranslate2 looks for
-INSTALL_HINT = "pip install -e '.[export]' (or pip install 'ctranslate2>=4')"
+INSTALL_HINT = "pip install 'ctranslate2>=4' (the package's [export] extra)"
 
 
 def require_ctranslate2() -> Any:

@@ -14,7 +14,7 @@ float32). `--vocab-map` counts a vocabulary map in a parallel corpus (normally t
 data): CTranslate2 then scores only each batch's candidate target pieces instead of the
 whole vocabulary (faster; a word outside the candidates cannot be produced; see
 transformer/vocab_map.py). Needs the `ctranslate2` package: pip install
-'transformer[export]'. `python scripts/export.py` is the same command.
+'ctranslate2>=4' (the `export` extra). `python scripts/export.py` is the same command.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 
 Then open http://127.0.0.1:8000/ or POST to /translate and /attention (docs/USAGE.md). The
 model is the one named here: no request can load another. Needs the `serve` extra
-(`pip install 'transformer[serve]'`). A bad checkpoint prints one line and exits 1.
+(FastAPI and uvicorn). A bad checkpoint prints one line and exits 1.
 `python scripts/serve.py` is the same command.
 """
 
@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> None:
 
         from ..serve import create_app
     except ImportError as e:
-        raise TransformerError(f"serving needs the serve extra (pip install "
-                               f"'transformer[serve]'): {e}") from e
+        raise TransformerError(f"serving needs the package's serve extra (pip install "
+                               f"fastapi uvicorn): {e}") from e
     translator = load_translator(args.checkpoint, args.engine, device=args.device,
                                  threads=args.threads)
     uvicorn.run(create_app(translator), host=args.host, port=args.port,

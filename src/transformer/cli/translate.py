@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "averaged. With --engine ctranslate2: an export directory")
     p.add_argument("--engine", choices=ENGINES, default="torch",
                    help="torch (our PyTorch model, default) or ctranslate2 (a model exported by "
-                        "transformer export; needs pip install 'transformer[export]')")
+                        "transformer export; needs the export extra, ctranslate2)")
     p.add_argument("--input", type=Path, help="input file (default: standard input)")
     p.add_argument("--output", type=Path, help="output file (default: standard output)")
     p.add_argument("--beam-size", type=int,
