@@ -1,4 +1,4 @@
-"""Prepare a run's data without training: its tokenizer and one memory-mapped store per split.
+"""Prepare a run's data without training: its tokenizer and memory-mapped stores.
 
     transformer prepare-data [the same overrides as transformer train] hydra.run.dir=runs/x
 

@@ -1,4 +1,4 @@
-"""Serve a model: a JSON translation API and a page showing what each head attends to.
+"""Serve a model: a JSON translation API and a page of every attention head.
 
     transformer serve --checkpoint RUN_DIR_OR_PT [--engine torch|ctranslate2]
         [--host 127.0.0.1] [--port 8000] [--threads N] [--device auto] [--access-log]

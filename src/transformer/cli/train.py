@@ -1,4 +1,4 @@
-"""Train a translation model (Hydra: the package's configs plus command-line overrides).
+"""Train (or resume) a translation model; Hydra overrides as arguments.
 
     transformer train                                 # Multi30k en->de recipe (downloads it)
     transformer train data.root=DIR                   # Multi30k already in DIR (offline)

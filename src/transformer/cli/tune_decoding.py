@@ -1,4 +1,4 @@
-"""Choose, on validation data, how many checkpoints to average and the length penalty.
+"""Choose on validation data how many checkpoints to average and the length penalty.
 
     transformer tune-decoding RUN_DIR -o CHOSEN.pt [--within SECONDS]
         [--last 1 2 3 5 10] [--alpha 1.0 1.5 2.0 2.5 3.0] [--beam-size 5]
