@@ -15,6 +15,9 @@ A checkpoint is a dict of tensors and plain Python values only, loaded with
 
 `inference_checkpoint` builds the common part, for every writer: training, averaging,
 tuning, pruning. `stored_training_config` and `stored_decoding` read it back, typed.
+`average_weights` averages several checkpoints' parameters (read by `Translator.load`);
+`average_checkpoints` turns that into an inference checkpoint (written by
+`transformer average-checkpoints`).
 
 A training run keeps, in `run_dir/checkpoints/`: `checkpoint_last.pt` (resume from here),
 `checkpoint_best.pt` (best validation BLEU) and the last K `checkpoint_<updates>.pt`
@@ -46,7 +49,8 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 __all__ = ["save_checkpoint", "load_checkpoint", "check_model_config", "model_from_checkpoint",
            "tokenizers_to_state", "tokenizers_from_state", "stored_training_config",
-           "stored_decoding", "inference_checkpoint", "average_checkpoints", "LAST", "BEST",
+           "stored_decoding", "inference_checkpoint", "average_weights", "average_checkpoints",
+           "LAST", "BEST",
            "numbered_checkpoint_path", "numbered_checkpoints", "prune_checkpoints",
            "copy_checkpoint", "rng_state", "set_rng_state"]
 
@@ -208,13 +212,12 @@ def inference_checkpoint(model: Transformer, tokenizers: TokenizerPair, *,
     return {**state, **provenance}
 
 
-def average_checkpoints(paths: Sequence[PathLike]) -> dict[str, Any]:
-    """The inference checkpoint whose parameters are the mean of several checkpoints' (in
-    float64, then cast back), with the first one's tokenizer, training config and decoding
-    settings, and `averaged_from`. The training state (optimizer, counters) is dropped: it
-    is for translation, not for resuming."""
+def average_weights(paths: Sequence[PathLike]) -> dict[str, Any]:
+    """The first checkpoint's state with its parameters replaced by their mean over all of
+    `paths` (summed in float64, then cast back), and `averaged_from`: what `Translator.load`
+    reads when given several checkpoints."""
     if not paths:
-        raise ValueError("average_checkpoints needs at least one checkpoint")
+        raise ValueError("averaging needs at least one checkpoint")
     first = load_checkpoint(paths[0])
     total = {k: v.double() if v.is_floating_point() else v.clone()
              for k, v in first["model"].items()}
@@ -227,8 +230,16 @@ def average_checkpoints(paths: Sequence[PathLike]) -> dict[str, Any]:
                 total[k] += v.double()
     weights = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v
                for k, v in total.items()}
-    model = model_from_checkpoint({**first, "model": weights}, paths[0])
-    return inference_checkpoint(model, tokenizers_from_state(first, paths[0]),
-                                training_config=stored_training_config(first, paths[0]),
-                                decoding=stored_decoding(first, paths[0]),
-                                averaged_from=[str(p) for p in paths])
+    return {**first, "model": weights, "averaged_from": [str(p) for p in paths]}
+
+
+def average_checkpoints(paths: Sequence[PathLike]) -> dict[str, Any]:
+    """The inference checkpoint of `average_weights(paths)`: the first one's tokenizer,
+    training config and decoding settings, and `averaged_from`. The training state
+    (optimizer, counters) is dropped: it is for translation, not for resuming."""
+    state = average_weights(paths)
+    return inference_checkpoint(model_from_checkpoint(state, paths[0]),
+                                tokenizers_from_state(state, paths[0]),
+                                training_config=stored_training_config(state, paths[0]),
+                                decoding=stored_decoding(state, paths[0]),
+                                averaged_from=state["averaged_from"])

@@ -33,7 +33,7 @@ from .search import DEFAULT_MAX_TOKENS
 from .text import ParallelText, read_parallel
 from .translator import Translator
 
-__all__ = ["run_data_config", "evaluation_text", "add_evaluation_arguments", "Evaluation",
+__all__ = ["evaluation_text", "add_evaluation_arguments", "Evaluation",
            "load_for_evaluation", "checkpoints_within", "DecodingTrial", "tune_decoding",
            "best_trial"]
 
@@ -41,15 +41,6 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 # ---- evaluation data ----------------------------------------------------------------------
-
-
-def run_data_config(training_config: TrainConfig | None) -> DataConfig:
-    """The data settings a checkpoint's training run used; CheckpointError if the checkpoint
-    does not record them."""
-    if training_config is None:
-        raise CheckpointError("the checkpoint does not record its training data (config.data); "
-                              "give --src and --ref files")
-    return training_config.data
 
 
 def _run_split(cfg: DataConfig, split: str, data_root: PathLike | None) -> tuple[Path, Path]:
@@ -84,7 +75,10 @@ def evaluation_text(training_config: TrainConfig | None, *, data: str = "valid",
     if src is None:
         if data not in ("valid", "test"):
             raise DataError(f"data must be 'valid' or 'test', got {data!r}")
-        src, ref = _run_split(run_data_config(training_config), data, data_root)
+        if training_config is None:
+            raise CheckpointError("the checkpoint does not record its training data "
+                                  "(config.data); give --src and --ref files")
+        src, ref = _run_split(training_config.data, data, data_root)
     if max_sentences is not None and max_sentences < 1:
         raise DataError(f"max_sentences must be >= 1, got {max_sentences}")
     text = read_parallel(src, ref, split=data)  # checks UTF-8 and the line counts

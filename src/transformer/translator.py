@@ -24,7 +24,7 @@ from typing import Any, ClassVar, TextIO, Union
 import torch
 
 from .checkpoint import (
-    average_checkpoints,
+    average_weights,
     load_checkpoint,
     model_from_checkpoint,
     stored_decoding,
@@ -211,7 +211,7 @@ class Translator(BaseTranslator):
         message."""
         paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
         files = [resolve_checkpoint(p) for p in paths]
-        state = load_checkpoint(files[0]) if len(files) == 1 else average_checkpoints(files)
+        state = load_checkpoint(files[0]) if len(files) == 1 else average_weights(files)
         name = files[0] if len(files) == 1 else f"the average of {len(files)} checkpoints"
         tokenizers = tokenizers_from_state(state, name)
         model = model_from_checkpoint(state, name)
