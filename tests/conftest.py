@@ -164,6 +164,88 @@ def pruned_checkpoint(multi30k_small_tokenizer_path, tmp_path_factory) -> Path:
                               tmp_path_factory.mktemp("pruned") / "pruned.pt", PRUNED_HEADS)
 
 
+def train_en_de(tokenizers, src: list[str], tgt: list[str], *, steps: int = 300,
+                **architecture):
+    """A small en->de model (d 64, 2+2 layers unless `architecture` says otherwise), trained
+    with teacher forcing on (src, tgt) pairs with the tokenizers' special ids."""
+    import random
+
+    import torch
+    from torch import nn
+
+    from transformer.model import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    ids = tokenizers.tgt.specials
+    model = Transformer(ModelConfig(**{
+        "src_vocab_size": tokenizers.src.vocab_size, "tgt_vocab_size": tokenizers.tgt.vocab_size,
+        "num_hiddens": 64, "ffn_num_hiddens": 128, "num_heads": 4, "num_encoder_layers": 2,
+        "num_decoder_layers": 2, "dropout": 0.0, "max_positions": 128, "pad_id": ids.pad,
+        "start_id": ids.start, "eos_id": ids.eos, **architecture}))
+    pairs = [(s + [ids.eos], t + [ids.eos])
+             for s, t in zip(tokenizers.src.encode_batch(src), tokenizers.tgt.encode_batch(tgt),
+                             strict=True) if len(s) < 40 and len(t) < 40]
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
+    loss_fn = nn.CrossEntropyLoss(ignore_index=ids.pad)
+    model.train()
+    for _ in range(steps):
+        batch = rng.sample(pairs, 48)
+        s_len, t_len = (max(len(p[i]) for p in batch) for i in (0, 1))
+        srcs = torch.tensor([s + [ids.pad] * (s_len - len(s)) for s, _ in batch])
+        outs = torch.tensor([t + [ids.pad] * (t_len - len(t)) for _, t in batch])
+        tgt_in = torch.cat([torch.full((48, 1), ids.start), outs[:, :-1]], 1)
+        tgt_in = tgt_in.masked_fill(tgt_in == ids.eos, ids.pad)
+        lens = torch.tensor([len(s) for s, _ in batch])
+        loss = loss_fn(model(srcs, lens, tgt_in).flatten(0, 1), outs.flatten())
+        opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def en_de_checkpoint(multi30k_tokenizer, tmp_path_factory) -> Path:
+    """A post-norm en->de model trained on the slice (`train_en_de`, one thread, ~30 s), with
+    decoding defaults alpha 1, beam 4: the model the export tests compare engines on."""
+    import torch
+
+    from transformer.checkpoint import inference_checkpoint, save_checkpoint
+    from transformer.config import DecodingSettings, TrainConfig
+    from transformer.tokenizer import TokenizerPair
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    tokenizers = TokenizerPair(multi30k_tokenizer, multi30k_tokenizer)
+    model = train_en_de(tokenizers, _read_gz(MULTI30K_SLICE / "train.en.gz"),
+                        _read_gz(MULTI30K_SLICE / "train.de.gz"))
+    torch.set_num_threads(threads)
+    path = tmp_path_factory.mktemp("en_de") / "checkpoint.pt"
+    save_checkpoint(inference_checkpoint(model, tokenizers, training_config=TrainConfig(),
+                                         decoding=DecodingSettings(alpha=1.0, beam_size=4)),
+                    path)
+    return path
+
+
+def reusing_venv(directory: Path) -> Path:
+    """A fresh virtual environment that reuses this one's packages through a `.pth` file
+    (as `--system-site-packages` would for a system Python); packages installed into it come
+    first. Returns its python."""
+    import site
+    import sysconfig  # noqa: F401  (the new python reports its own paths)
+    import venv
+
+    venv.create(directory, with_pip=False)
+    python = directory / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; "
+                              "print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    ours = [*site.getsitepackages(), site.getusersitepackages()]
+    Path(purelib, "reuse-environment.pth").write_text("\n".join(ours) + "\n")
+    return python
+
+
 # ---- servers started by tests -----------------------------------------------------------------
 
 def free_port() -> int:

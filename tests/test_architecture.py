@@ -30,7 +30,7 @@ LAYERS = [
     {"checkpoint", "vocabulary"},
     {"data", "search", "loss", "attention_maps", "vocab_map"},
     {"translator"},
-    {"heads", "evaluation", "export", "serve"},
+    {"heads", "evaluation", "export", "hf", "serve"},
     {"training", "engines"},
     {"cli"},  # the commands: a subpackage, one module per command
     {"__main__"},

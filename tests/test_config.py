@@ -85,7 +85,8 @@ def test_model_schema_is_the_models_own_hyperparameters():
     model.Hyperparameters plus the preset's name, and presets set only what they choose."""
     architecture = [f.name for f in fields(Hyperparameters)]
     assert [f.name for f in fields(ModelSettings)] == architecture + ["name"]
-    runtime = {"src_vocab_size", "tgt_vocab_size", "share_embeddings", "pad_id", "pruned_heads"}
+    runtime = {"src_vocab_size", "tgt_vocab_size", "share_embeddings", "pad_id", "start_id",
+               "eos_id", "pruned_heads"}
     assert {f.name for f in fields(ModelConfig)} == set(architecture) | runtime
     for path in sorted((CONFIG_DIR / "model").glob("*.yaml")):
         keys = list(OmegaConf.load(path).keys())

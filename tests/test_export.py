@@ -1,27 +1,25 @@
 """CTranslate2 export (`transformer export`) and the ctranslate2 engine (--engine ctranslate2),
 checked against our PyTorch engine's own output on a model trained here.
 
-The model: en->de on the Multi30k slice, trained for a few hundred updates (~30 s on one
-thread): weak, but a real translation model with peaked and flat distributions alike.
+The model: `en_de_checkpoint` (conftest.py), en->de on the Multi30k slice, trained for a few
+hundred updates: weak, but a real translation model with peaked and flat distributions alike.
 """
 
 from __future__ import annotations
 
 import collections
 import json
-import random
 import sys
 from pathlib import Path
 
 import pytest
 import sacrebleu
 import torch
-from torch import nn
 
 from transformer.checkpoint import inference_checkpoint, save_checkpoint
 from transformer.cli import export as export_command
 from transformer.cli import translate as translate_command
-from transformer.config import DecodingSettings, TrainConfig
+from transformer.config import TrainConfig
 from transformer.engines import CTranslate2Translator, load_translator
 from transformer.errors import ExportError
 from transformer.export import VOCAB_MAP, export_ctranslate2, read_export
@@ -43,38 +41,6 @@ def save(model: Transformer, tokenizer: Tokenizer, path: Path, **extra) -> Path:
     return path
 
 
-def train_en_de(tokenizer: Tokenizer, src: list[str], tgt: list[str], *, steps: int = 300,
-                norm_first: bool = False) -> Transformer:
-    """A small en->de model, trained with teacher forcing on (src, tgt) pairs."""
-    torch.manual_seed(0)
-    rng = random.Random(0)
-    vocab = tokenizer.vocab_size
-    model = Transformer(ModelConfig(
-        src_vocab_size=vocab, tgt_vocab_size=vocab, num_hiddens=64, ffn_num_hiddens=128,
-        num_heads=4, num_encoder_layers=2, num_decoder_layers=2, dropout=0.0,
-        max_positions=128, norm_first=norm_first))
-    pairs = [(s + [EOS_ID], t + [EOS_ID]) for s, t in zip(tokenizer.encode_batch(src),
-                                                           tokenizer.encode_batch(tgt), strict=True)
-             if len(s) < 40 and len(t) < 40]
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
-    loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID)
-    model.train()
-    for _ in range(steps):
-        batch = rng.sample(pairs, 48)
-        s_len, t_len = (max(len(p[i]) for p in batch) for i in (0, 1))
-        srcs = torch.tensor([s + [PAD_ID] * (s_len - len(s)) for s, _ in batch])
-        outs = torch.tensor([t + [PAD_ID] * (t_len - len(t)) for _, t in batch])
-        tgt_in = torch.cat([torch.full((48, 1), BOS_ID), outs[:, :-1]], 1)
-        tgt_in = tgt_in.masked_fill(tgt_in == EOS_ID, PAD_ID)
-        lens = torch.tensor([len(s) for s, _ in batch])
-        loss = loss_fn(model(srcs, lens, tgt_in).flatten(0, 1), outs.flatten())
-        opt.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-    return model.eval()
-
-
 # ---- fixtures -------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -88,11 +54,8 @@ def test_text(multi30k_lines) -> tuple[list[str], list[str]]:
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tokenizer, multi30k_lines, tmp_path_factory) -> Path:
-    torch.set_num_threads(1)
-    model = train_en_de(tokenizer, multi30k_lines("train.en.gz"), multi30k_lines("train.de.gz"))
-    return save(model, tokenizer, tmp_path_factory.mktemp("en_de") / "checkpoint.pt",
-                decoding=DecodingSettings(alpha=1.0, beam_size=4))
+def checkpoint(en_de_checkpoint) -> Path:
+    return en_de_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -97,11 +97,14 @@ def test_default_path_is_unchanged():
     """No mask: same checkpoint format as before pruning existed; a mask of ones changes
     nothing on the fused or the explicit attention path."""
     model = tiny_model()
-    assert model.config.to_dict().keys() == {
-        "src_vocab_size", "tgt_vocab_size", "num_hiddens", "ffn_num_hiddens", "num_heads",
-        "num_encoder_layers", "num_decoder_layers", "dropout", "attention_dropout",
-        "norm_first", "share_embeddings", "tie_output", "max_positions", "pad_id"}
-    old_style = ModelConfig.from_dict(model.config.to_dict())  # a checkpoint from before
+    before = {"src_vocab_size", "tgt_vocab_size", "num_hiddens", "ffn_num_hiddens",
+              "num_heads", "num_encoder_layers", "num_decoder_layers", "dropout",
+              "attention_dropout", "norm_first", "share_embeddings", "tie_output",
+              "max_positions", "pad_id"}
+    later = {"activation", "output_bias", "start_id", "eos_id"}  # defaults = the old model
+    assert model.config.to_dict().keys() == before | later
+    old_style = ModelConfig.from_dict({k: v for k, v in model.config.to_dict().items()
+                                       if k in before})  # a checkpoint from before
     assert old_style.pruned_heads == {} and old_style == model.config
     for layer in attention_maps.attention_layers(model):
         assert layer.module.head_mask is None and layer.module.head_ids == [0, 1, 2, 3]

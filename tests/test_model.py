@@ -213,3 +213,49 @@ def test_bf16_autocast_forward_matches_float32(model):
         half = model(src, src_lens, tgt)
     assert half.dtype == torch.bfloat16 and torch.isfinite(half).all()
     torch.testing.assert_close(half.float(), full, atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize(("activation", "function"), [
+    ("relu", torch.relu), ("gelu", nn.functional.gelu),
+    ("swish", lambda x: x * torch.sigmoid(x))])  # swish = SiLU, OPUS-MT's
+def test_ffn_activation_is_the_named_function(activation, function):
+    torch.manual_seed(0)
+    ffn = PositionWiseFFN(8, 16, activation)
+    X = torch.randn(2, 3, 8)
+    expected = ffn.dense2(function(ffn.dense1(X)))
+    torch.testing.assert_close(ffn(X), expected)
+
+
+def test_output_bias_is_added_to_every_logit_and_trained_by_the_fused_loss():
+    from transformer.loss import LabelSmoothedLoss
+
+    torch.manual_seed(0)
+    config = ModelConfig(src_vocab_size=20, tgt_vocab_size=20, num_hiddens=16,
+                         ffn_num_hiddens=32, num_heads=2, num_encoder_layers=1,
+                         num_decoder_layers=1, dropout=0.0, output_bias=True)
+    model = Transformer(config)
+    with torch.no_grad():
+        model.output_projection.bias.normal_()
+    src, lens = torch.randint(4, 20, (3, 5)), torch.tensor([5, 4, 2])
+    tgt_in, tgt_out = torch.randint(4, 20, (3, 6)), torch.randint(4, 20, (3, 6))
+    hidden = model.hidden_states(src, lens, tgt_in)
+    expected = hidden @ model.output_projection.weight.t() + model.output_projection.bias
+    torch.testing.assert_close(model(src, lens, tgt_in), expected)
+    loss = LabelSmoothedLoss(model, 0.1)(src, lens, tgt_in, tgt_out)
+    reference = nn.CrossEntropyLoss(reduction="sum", label_smoothing=0.1)(
+        expected.flatten(0, 1), tgt_out.flatten())
+    torch.testing.assert_close(loss, reference)
+    loss.backward()
+    assert model.output_projection.bias.grad.abs().sum() > 0
+
+
+def test_configs_without_the_newer_fields_build_the_same_model():
+    """A checkpoint from before activation, output bias and special ids were options."""
+    config = ModelConfig(src_vocab_size=20, tgt_vocab_size=20, num_hiddens=16)
+    old = {k: v for k, v in config.to_dict().items()
+           if k not in ("activation", "output_bias", "start_id", "eos_id")}
+    assert ModelConfig.from_dict(old) == config
+    assert ModelConfig.normalized(old) == config.to_dict()
+    model = Transformer(ModelConfig.from_dict(old))
+    assert "output_projection.bias" not in model.state_dict()
+    assert isinstance(model.encoder.blks[0].ffn.activation, nn.ReLU)

@@ -98,3 +98,17 @@ def test_fused_loss_under_bf16_autocast_computes_the_softmax_in_float32_and_chec
         linear_label_smoothed_cross_entropy(hidden[None], weight, target, 0.1)
     with pytest.raises(ValueError, match="expected hidden"):
         linear_label_smoothed_cross_entropy(hidden, weight[:, :3], target, 0.1)
+
+
+def test_fused_loss_with_an_output_bias_equals_the_biased_projection():
+    hidden, weight, target = _hidden_weight_target(N=9, d=4, V=6, dtype=torch.float64)
+    bias = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    ours = linear_label_smoothed_cross_entropy(hidden, weight, target, 0.1, 4, bias=bias)
+    h, w, b = (x.detach().clone().requires_grad_() for x in (hidden, weight, bias))
+    ref = nn.CrossEntropyLoss(reduction="sum", label_smoothing=0.1)(
+        nn.functional.linear(h, w, b), target)
+    torch.testing.assert_close(ours, ref)
+    ours.backward()
+    ref.backward()
+    for mine, theirs in ((hidden, h), (weight, w), (bias, b)):
+        torch.testing.assert_close(mine.grad, theirs.grad)

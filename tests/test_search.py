@@ -171,3 +171,27 @@ def test_bad_arguments(model):
         beam_search(model, src, lens, beam_size=2, nbest=3)
     with pytest.raises(ValueError, match="alpha"):
         beam_search(model, src, lens, alpha=-1.0)
+
+
+def test_special_ids_come_from_the_model_config():
+    """Marian's layout: EOS 0, PAD last and the decoder's start; the search starts from
+    start_id, ends at eos_id, never emits PAD, and beam 1 is still greedy."""
+    vocab = 50
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(
+        src_vocab_size=vocab, tgt_vocab_size=vocab, num_hiddens=32, ffn_num_hiddens=64,
+        num_heads=4, num_encoder_layers=2, num_decoder_layers=2, dropout=0.0,
+        max_positions=64, pad_id=vocab - 1, start_id=vocab - 1, eos_id=0)).eval()
+    with torch.no_grad():  # EOS likely enough to end outputs at mixed lengths
+        w = model.output_projection.weight[0]
+        model.decoder.blks[-1].addnorm3.ln.bias.copy_(2.5 * w / w.norm() ** 2)
+    src, lens = random_batch()
+    src = src.masked_fill(src == PAD_ID, vocab - 1)  # padded with this model's pad
+    greedy = greedy_search(model, src, lens)
+    assert [hyps[0].tokens for hyps in beam_search(model, src, lens, beam_size=1)] == greedy
+    assert len({len(g) for g in greedy}) > 3 and all(vocab - 1 not in g for g in greedy)
+    assert all(0 not in g for g in greedy)  # EOS ends an output, it is not part of it
+    start = torch.full((len(src), 1), vocab - 1)
+    first = model(src, lens, start)[:, -1]  # (batch, vocab): the first step's logits
+    first[:, vocab - 1] = float("-inf")
+    assert [g[0] if g else 0 for g in greedy] == first.argmax(-1).tolist()

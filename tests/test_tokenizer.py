@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import unicodedata
 
@@ -13,6 +14,7 @@ from transformer.tokenizer import (
     EOS_ID,
     PAD_ID,
     UNK_ID,
+    SpecialIds,
     Tokenizer,
     TokenizerPair,
 )
@@ -125,3 +127,47 @@ def test_tokenizer_pair_shared(multi30k_tokenizer, small_corpus):
     assert joint.shared
     other = Tokenizer.train(small_corpus, vocab_size=500, model_type="bpe")
     assert not TokenizerPair(multi30k_tokenizer, other).shared
+
+
+# ---- an id table (imported Marian models) ------------------------------------------------
+
+def marian_like(small_corpus) -> tuple[Tokenizer, list[str]]:
+    """A SentencePiece model with its own ids (unk 0, bos 1, eos 2) behind an id table laid
+    out as OPUS-MT's vocab.json: `</s>` 0, `<unk>` 1, the pieces, `<pad>` last."""
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(small_corpus), model_writer=buffer, vocab_size=200,
+        model_type="bpe", minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_proto=buffer.getvalue())
+    left_out = sp.encode(SENTENCES[0], out_type=str)[0]  # a piece the table lacks: <unk>
+    pieces = ["</s>", "<unk>"] + [sp.id_to_piece(i) for i in range(3, sp.get_piece_size())
+                                  if sp.id_to_piece(i) != left_out] + ["<pad>"]
+    specials = SpecialIds(pad=len(pieces) - 1, unk=1, start=len(pieces) - 1, eos=0)
+    return Tokenizer(sp, pieces, specials), pieces
+
+
+def test_an_id_table_maps_pieces_and_decodes_them_back(small_corpus):
+    tok, pieces = marian_like(small_corpus)
+    sp = spm.SentencePieceProcessor(model_proto=tok.to_bytes())
+    for sentence in SENTENCES[:3]:
+        expected = [pieces.index(p) if p in pieces else 1
+                    for p in sp.encode(sentence, out_type=str)]
+        assert tok.encode(sentence) == expected
+    assert tok.encode(SENTENCES[0])[0] == tok.specials.unk
+    assert tok.vocab_size == len(pieces) and tok.vocabulary() == pieces
+    ids = tok.encode(SENTENCES[0])
+    assert tok.decode([tok.specials.start, *ids, tok.specials.eos, tok.specials.pad]) == \
+        sp.decode_pieces([pieces[i] for i in ids])
+    assert tok.encode(">>deu<< " + SENTENCES[0]) == [1, *tok.encode(" " + SENTENCES[0])]
+
+
+def test_an_id_table_survives_a_checkpoint_and_changes_the_fingerprint(small_corpus):
+    tok, _ = marian_like(small_corpus)
+    back = Tokenizer.from_state(tok.to_state())
+    assert back == tok and back.specials == tok.specials
+    assert back.encode(SENTENCES[1]) == tok.encode(SENTENCES[1])
+    plain_state = tok.to_bytes()
+    assert tok.fingerprint != hashlib.sha256(plain_state).hexdigest()
+    with pytest.raises(ValueError, match="outside the id table"):
+        Tokenizer(spm.SentencePieceProcessor(model_proto=plain_state), ["a", "b"],
+                  SpecialIds(pad=5, unk=0, start=5, eos=1))

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import site
 import subprocess
 import sys
 import urllib.error
 import urllib.request
-import venv
 from pathlib import Path
 
 import pytest
-from conftest import free_port, wait_until_up
+from conftest import free_port, reusing_venv, wait_until_up
 
 REPO = Path(__file__).resolve().parents[1]
 SLICE = REPO / "tests" / "data" / "multi30k"
@@ -87,13 +85,7 @@ def build_wheel(root: Path) -> Path:
 def installed(tmp_path_factory) -> Installed:
     root = tmp_path_factory.mktemp("wheel")
     wheel = build_wheel(root)
-    venv.create(root / "venv", with_pip=False)
-    python = root / "venv" / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; "
-                              "print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-    ours = [*site.getsitepackages(), site.getusersitepackages()]
-    Path(purelib, "reuse-environment.pth").write_text("\n".join(ours) + "\n")
+    python = reusing_venv(root / "venv")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
                     "--quiet", "--no-deps", "--no-index", str(wheel)],
                    check=True, capture_output=True, timeout=300)

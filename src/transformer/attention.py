@@ -262,6 +262,33 @@ class MultiHeadAttention(nn.Module):
         """The original index of each remaining head, in order (0..num_heads-1 unpruned)."""
         return sorted(set(range(self.num_heads + len(self.pruned_heads))) - self.pruned_heads)
 
+    def unpruned_weights(self) -> dict[str, Tensor]:
+        """The projections' tensors with every original head, pruned ones as zeros:
+        {"W_q.weight": (heads * head_dim, d), "W_q.bias": ..., "W_o.weight": (d, heads *
+        head_dim), "W_o.bias"}; a zero head adds nothing to W_o's output. For formats with
+        one head count per stack (CTranslate2, Hugging Face)."""
+        total = self.num_heads + len(self.pruned_heads)
+        rows = (torch.tensor(self.head_ids)[:, None] * self.head_dim
+                + torch.arange(self.head_dim)).flatten()  # the kept heads' features
+        out = {}
+        for name in ("W_q", "W_k", "W_v", "W_o"):
+            linear = getattr(self, name)
+            for kind in ("weight", "bias"):
+                value = getattr(linear, kind)
+                if value is None:
+                    continue
+                value = value.detach()
+                if name == "W_o" and kind == "weight":
+                    full = value.new_zeros(value.shape[0], total * self.head_dim)
+                    full[:, rows] = value
+                elif name != "W_o":
+                    full = value.new_zeros((total * self.head_dim, *value.shape[1:]))
+                    full[rows] = value
+                else:
+                    full = value
+                out[f"{name}.{kind}"] = full
+        return out
+
     def prune_heads(self, heads: Iterable[int]) -> None:
         """Remove `heads` (original indices; already pruned ones are ignored) for good:
         their rows of W_q, W_k, W_v (and biases) and their columns of W_o go, so the layer

@@ -28,7 +28,7 @@ from torch import Tensor
 from .attention import MultiHeadAttention
 from .model import Transformer, eval_mode
 from .plots import new_figure, save_png
-from .tokenizer import BOS_ID, EOS_ID, TokenizerPair
+from .tokenizer import TokenizerPair
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -85,10 +85,10 @@ def attention_maps(model: Transformer, src_ids: Sequence[int],
                    tgt_ids: Sequence[int]) -> dict[str, Tensor]:
     """Attention weights of one sentence pair, teacher-forced: {layer name: (heads,
     queries, keys)} as float32 on the CPU. The ids are pieces without BOS/EOS; the model
-    reads `src + [EOS]` and `[BOS] + tgt`."""
-    device = model.device
-    src = torch.tensor([list(src_ids) + [EOS_ID]], device=device)  # (1, src_len)
-    tgt_in = torch.tensor([[BOS_ID] + list(tgt_ids)], device=device)  # (1, tgt_len)
+    reads `src + [EOS]` and `[BOS] + tgt` (BOS: the model's start id)."""
+    device, c = model.device, model.config
+    src = torch.tensor([list(src_ids) + [c.eos_id]], device=device)  # (1, src_len)
+    tgt_in = torch.tensor([[c.start_id] + list(tgt_ids)], device=device)  # (1, tgt_len)
     with recording_attention(model) as layers:
         model(src, torch.tensor([src.shape[1]], device=device), tgt_in)
         return {layer.name: layer.module.head_attention_weights[0].float().cpu()
@@ -98,9 +98,10 @@ def attention_maps(model: Transformer, src_ids: Sequence[int],
 def axis_labels(tokenizers: TokenizerPair, src_ids: Sequence[int],
                  tgt_ids: Sequence[int]) -> dict[str, tuple[list[str], list[str]]]:
     """(query labels, key labels) per kind of layer, as SentencePiece pieces."""
-    src = [tokenizers.src.id_to_piece(i) for i in [*src_ids, EOS_ID]]
-    reads = [tokenizers.tgt.id_to_piece(i) for i in [BOS_ID, *tgt_ids]]  # decoder input
-    predicts = [tokenizers.tgt.id_to_piece(i) for i in [*tgt_ids, EOS_ID]]  # its output
+    ids = tokenizers.tgt.specials
+    src = [tokenizers.src.id_to_piece(i) for i in [*src_ids, tokenizers.src.specials.eos]]
+    reads = [tokenizers.tgt.id_to_piece(i) for i in [ids.start, *tgt_ids]]  # decoder input
+    predicts = [tokenizers.tgt.id_to_piece(i) for i in [*tgt_ids, ids.eos]]  # its output
     return {"enc-self": (src, src), "dec-self": (predicts, reads), "enc-dec": (predicts, src)}
 
 

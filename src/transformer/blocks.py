@@ -14,20 +14,26 @@ from torch import Tensor, nn
 from .attention import KVCache, MultiHeadAttention
 from .ops import Dropout
 
-__all__ = ["PositionWiseFFN", "AddNorm", "EncoderBlock", "DecoderBlock", "LayerCache"]
+__all__ = ["ACTIVATIONS", "PositionWiseFFN", "AddNorm", "EncoderBlock", "DecoderBlock",
+           "LayerCache"]
+
+
+# The FFN's activation by name: ReLU (the paper), GELU (exact, erf), swish = SiLU
+# (x * sigmoid(x), OPUS-MT's); the names Hugging Face's `activation_function` uses.
+ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "swish": nn.SiLU}
 
 
 class PositionWiseFFN(nn.Module):
-    """The same two-layer MLP applied at every position: dense2(relu(dense1(X)))."""
+    """The same two-layer MLP applied at every position: dense2(activation(dense1(X)))."""
 
-    def __init__(self, num_hiddens: int, ffn_num_hiddens: int):
+    def __init__(self, num_hiddens: int, ffn_num_hiddens: int, activation: str = "relu"):
         super().__init__()
         self.dense1 = nn.Linear(num_hiddens, ffn_num_hiddens)
-        self.relu = nn.ReLU()
+        self.activation = ACTIVATIONS[activation]()
         self.dense2 = nn.Linear(ffn_num_hiddens, num_hiddens)
 
     def forward(self, X: Tensor) -> Tensor:
-        return self.dense2(self.relu(self.dense1(X)))
+        return self.dense2(self.activation(self.dense1(X)))
 
 
 class AddNorm(nn.Module):
@@ -60,11 +66,12 @@ class EncoderBlock(nn.Module):
     """Self-attention over the source, then the position-wise FFN."""
 
     def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
-                 dropout: float, attention_dropout: float = 0.0, norm_first: bool = False):
+                 dropout: float, attention_dropout: float = 0.0, norm_first: bool = False,
+                 activation: str = "relu"):
         super().__init__()
         self.attention = _attention(num_hiddens, num_heads, attention_dropout)
         self.addnorm1 = AddNorm(num_hiddens, dropout, norm_first)
-        self.ffn = PositionWiseFFN(num_hiddens, ffn_num_hiddens)
+        self.ffn = PositionWiseFFN(num_hiddens, ffn_num_hiddens, activation)
         self.addnorm2 = AddNorm(num_hiddens, dropout, norm_first)
 
     def forward(self, X: Tensor, valid_lens: Tensor | None) -> Tensor:
@@ -90,13 +97,14 @@ class DecoderBlock(nn.Module):
     """Causal self-attention, encoder-decoder attention, then the position-wise FFN."""
 
     def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
-                 dropout: float, attention_dropout: float = 0.0, norm_first: bool = False):
+                 dropout: float, attention_dropout: float = 0.0, norm_first: bool = False,
+                 activation: str = "relu"):
         super().__init__()
         self.attention1 = _attention(num_hiddens, num_heads, attention_dropout)
         self.addnorm1 = AddNorm(num_hiddens, dropout, norm_first)
         self.attention2 = _attention(num_hiddens, num_heads, attention_dropout)
         self.addnorm2 = AddNorm(num_hiddens, dropout, norm_first)
-        self.ffn = PositionWiseFFN(num_hiddens, ffn_num_hiddens)
+        self.ffn = PositionWiseFFN(num_hiddens, ffn_num_hiddens, activation)
         self.addnorm3 = AddNorm(num_hiddens, dropout, norm_first)
 
     def forward(self, X: Tensor, enc_outputs: Tensor, enc_valid_lens: Tensor | None,

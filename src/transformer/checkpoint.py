@@ -7,7 +7,8 @@ A checkpoint is a dict of tensors and plain Python values only, loaded with
     format_version  int
     model           state dict
     model_config    ModelConfig.to_dict()
-    tokenizer       {"src": bytes, "tgt": bytes} SentencePiece model protos
+    tokenizer       {"src": ..., "tgt": ...} `Tokenizer.to_state()`: SentencePiece model
+                    protos (bytes), or with an id table {spm, pieces, specials}
     config          TrainConfig.to_dict() of the run that trained it, or None
     decoding        DecodingSettings fields chosen for it (tune-decoding), if any
     ...             where it came from (averaged_from, pruned_from, ...), and in training
@@ -48,9 +49,9 @@ FORMAT_VERSION = 1
 PathLike = Union[str, "os.PathLike[str]"]
 
 __all__ = ["save_checkpoint", "load_checkpoint", "check_model_config", "model_from_checkpoint",
-           "tokenizers_to_state", "tokenizers_from_state", "stored_training_config",
-           "stored_decoding", "inference_checkpoint", "average_weights", "average_checkpoints",
-           "LAST", "BEST",
+           "tokenizers_to_state", "tokenizers_from_state", "check_tokenizers",
+           "stored_training_config", "stored_decoding", "inference_checkpoint",
+           "average_weights", "average_checkpoints", "LAST", "BEST",
            "numbered_checkpoint_path", "numbered_checkpoints", "prune_checkpoints",
            "copy_checkpoint", "rng_state", "set_rng_state"]
 
@@ -138,7 +139,10 @@ def load_checkpoint(path: PathLike, map_location: str | torch.device = "cpu", *,
 
 def check_model_config(state: dict, expected: ModelConfig, path: PathLike = "checkpoint") -> None:
     """Raise CheckpointError naming every model key whose value differs from `expected`."""
-    saved = state["model_config"]
+    try:
+        saved = ModelConfig.normalized(state["model_config"])
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{path} holds an invalid model config: {e}") from e
     want = expected.to_dict()
     keys = list(want) + [k for k in saved if k not in want]  # e.g. pruned_heads on one side
     diffs = [f"model.{k}: checkpoint has {saved.get(k)!r}, config asks for {want.get(k)!r}"
@@ -157,22 +161,39 @@ def model_from_checkpoint(state: dict, path: PathLike = "checkpoint") -> Transfo
     return model
 
 
-def tokenizers_to_state(tokenizers: TokenizerPair) -> dict[str, bytes]:
-    return {"src": tokenizers.src.to_bytes(), "tgt": tokenizers.tgt.to_bytes()}
+def tokenizers_to_state(tokenizers: TokenizerPair) -> dict[str, Any]:
+    return {"src": tokenizers.src.to_state(), "tgt": tokenizers.tgt.to_state()}
 
 
 def tokenizers_from_state(state: dict, path: PathLike = "checkpoint") -> TokenizerPair:
     """The tokenizers stored in a checkpoint (one object when the vocabulary is joint)."""
     stored = state.get("tokenizer")
     if not isinstance(stored, dict) or not {"src", "tgt"} <= stored.keys():
-        raise CheckpointError(f"{path} holds no tokenizer (expected tokenizer.src/.tgt bytes)")
+        raise CheckpointError(f"{path} holds no tokenizer (expected tokenizer.src/.tgt)")
     try:
-        src = Tokenizer.from_bytes(stored["src"])
-        tgt = src if stored["tgt"] == stored["src"] else Tokenizer.from_bytes(stored["tgt"])
+        src = Tokenizer.from_state(stored["src"])
+        tgt = src if stored["tgt"] == stored["src"] else Tokenizer.from_state(stored["tgt"])
     except (RuntimeError, ValueError, TypeError) as e:  # a corrupt SentencePiece proto
         raise CheckpointError(f"{path} holds an unreadable tokenizer: "
                               f"{str(e).splitlines()[0] if str(e) else e!r}") from e
     return TokenizerPair(src, tgt)
+
+
+def check_tokenizers(config: ModelConfig, tokenizers: TokenizerPair,
+                     path: PathLike = "checkpoint") -> None:
+    """Raise CheckpointError unless the tokenizers fit the model: vocabulary sizes, and the
+    special ids the model and the search use (pad, start, eos)."""
+    for side, tokenizer, size in (("src", tokenizers.src, config.src_vocab_size),
+                                  ("tgt", tokenizers.tgt, config.tgt_vocab_size)):
+        if tokenizer.vocab_size != size:
+            raise CheckpointError(f"{path}: the {side} tokenizer has {tokenizer.vocab_size} "
+                                  f"pieces but the model's vocabulary is {size}")
+    ids = tokenizers.tgt.specials
+    model_ids = {"pad_id": config.pad_id, "start_id": config.start_id, "eos_id": config.eos_id}
+    tokenizer_ids = {"pad_id": ids.pad, "start_id": ids.start, "eos_id": ids.eos}
+    if model_ids != tokenizer_ids or tokenizers.src.specials.eos != ids.eos:
+        raise CheckpointError(f"{path}: the model's special ids {model_ids} differ from its "
+                              f"tokenizers' {tokenizer_ids}")
 
 
 def stored_training_config(state: dict, path: PathLike = "checkpoint") -> TrainConfig | None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from . import multi30k
 from .errors import ConfigError
 from .model import Hyperparameters, ModelConfig
-from .tokenizer import MODEL_TYPES
+from .tokenizer import MODEL_TYPES, SpecialIds
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -71,11 +71,23 @@ class ModelSettings(Hyperparameters):
         self.to_model_config(src_vocab_size=8, tgt_vocab_size=8, share_embeddings=True)
 
     def to_model_config(self, src_vocab_size: int, tgt_vocab_size: int,
-                        share_embeddings: bool) -> ModelConfig:
-        architecture = {f.name: getattr(self, f.name)
-                        for f in dataclasses.fields(Hyperparameters)}
+                        share_embeddings: bool,
+                        special_ids: SpecialIds = SpecialIds()) -> ModelConfig:
+        """The model's config: this architecture, and what the tokenizers decide."""
         return ModelConfig(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
-                           share_embeddings=share_embeddings, **architecture)
+                           share_embeddings=share_embeddings, pad_id=special_ids.pad,
+                           start_id=special_ids.start, eos_id=special_ids.eos,
+                           **architecture(self))
+
+    @classmethod
+    def of(cls, config: ModelConfig, name: str) -> ModelSettings:
+        """The `model` group that describes `config`'s architecture."""
+        return cls(name=name, **architecture(config))
+
+
+def architecture(config: Hyperparameters) -> dict[str, Any]:
+    """The `Hyperparameters` fields of a model config or setting."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(Hyperparameters)}
 
 
 @dataclass
@@ -274,6 +286,9 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     seed: int = 1  # model initialization and dropout (data.seed shuffles the batches)
+    # A checkpoint file or run directory to start from (fine-tuning, e.g. an imported
+    # OPUS-MT model): its weights, architecture and tokenizers; a fresh optimizer and schedule.
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -281,6 +296,8 @@ class TrainConfig:
     def validate(self) -> None:
         """Checks across groups (each group validated itself already)."""
         _check(_is_int(self.seed), f"seed must be an integer, got {self.seed!r}")
+        _check(self.init_from is None or (isinstance(self.init_from, str) and self.init_from),
+               f"init_from must be a checkpoint path or null, got {self.init_from!r}")
         _check(self.data.max_len <= self.model.max_positions,
                f"data.max_len ({self.data.max_len}) must be <= model.max_positions "
                f"({self.model.max_positions})")
@@ -302,7 +319,8 @@ class TrainConfig:
                   "trainer": TrainerConfig}
         try:
             return cls(**{name: group(**_known_fields(group, values.get(name) or {}))
-                          for name, group in groups.items()}, seed=values.get("seed", 1))
+                          for name, group in groups.items()}, seed=values.get("seed", 1),
+                       init_from=values.get("init_from"))
         except (TypeError, AttributeError) as e:  # a value of the wrong kind
             raise ConfigError(f"invalid stored config: {e}") from e
 

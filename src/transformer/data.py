@@ -23,7 +23,7 @@ import hashlib
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Union
 
@@ -148,7 +148,8 @@ def write_split_store(directory: Path, files: SplitFiles, split: str,
                          time.perf_counter() - start)
                 next_report += 1_000_000
         writer.finish({"split": split, "sources": sources,
-                       "tokenizers": [tokenizers.src.fingerprint, tokenizers.tgt.fingerprint]})
+                       "tokenizers": [tokenizers.src.fingerprint, tokenizers.tgt.fingerprint],
+                       "special_ids": asdict(tokenizers.tgt.specials)})
     log.info("%s: %d pairs encoded in %.1f s -> %s", split, writer.pairs,
              time.perf_counter() - start, directory)
 

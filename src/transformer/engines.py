@@ -23,7 +23,8 @@ How the CTranslate2 engine matches `search.beam_search`:
   then scored with the EOS our search forces there (CTranslate2's `score_batch`). Greedy
   search gives exactly our output; in beam search a hypothesis that runs past its limit may
   have beaten one that our search would have kept alive instead (rare).
-- PAD and BOS are never generated (suppressed), UNK may be, as ours.
+- PAD and the start token (BOS; an imported Marian model's PAD) are never generated
+  (suppressed), UNK may be, as ours.
 - An export with a vocabulary map (`vocab_map.py`, `transformer export --vocab-map`) decodes
   over the candidates of the batch's source pieces only (CTranslate2's `use_vmap`): faster,
   but no longer our search over the whole vocabulary, and a sentence's output may depend on
@@ -45,14 +46,12 @@ from .errors import ExportError
 from .export import read_export, require_ctranslate2
 from .model import ModelConfig
 from .search import Hypothesis, decode_batches, length_penalty, max_output_lengths
-from .tokenizer import TokenizerPair
 from .translator import BaseTranslator, Translator
 
 __all__ = ["ENGINES", "CTranslate2Translator", "load_translator"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 ENGINES = ("torch", "ctranslate2")
-NEVER_GENERATED = [["<pad>"], ["<s>"]]  # as search._next_log_probs masks PAD and BOS
 # Source tokens per CTranslate2 sub-batch (measured: docs/RESULTS.md, "Engines"): larger
 # ones make larger matrix products; with a vocabulary map, smaller ones score fewer candidates.
 SUB_BATCH_TOKENS = 1024
@@ -88,8 +87,11 @@ class CTranslate2Translator(BaseTranslator):
         except (RuntimeError, ValueError) as e:
             raise ExportError(f"CTranslate2 cannot load {directory}: "
                               f"{str(e).splitlines()[0] if str(e) else e!r}") from e
-        self._src_pieces = _pieces(tokenizers, "src")
-        self._tgt_ids = {piece: i for i, piece in enumerate(_pieces(tokenizers, "tgt"))}
+        self._src_pieces = tokenizers.src.vocabulary()
+        self._tgt_ids = {piece: i for i, piece in enumerate(tokenizers.tgt.vocabulary())}
+        # as search._next_log_probs masks PAD and the start token
+        self._never = [[tokenizers.tgt.id_to_piece(i)]
+                       for i in tokenizers.tgt.specials.never_generated]
 
     @property
     def model_config(self) -> ModelConfig:
@@ -122,7 +124,7 @@ class CTranslate2Translator(BaseTranslator):
             sources, beam_size=settings.beam_size, num_hypotheses=settings.beam_size,
             length_penalty=0.0, return_scores=True, max_input_length=0,
             max_batch_size=self._sub_batch_tokens(batch), batch_type="tokens",
-            max_decoding_length=max(limits) + 1, suppress_sequences=NEVER_GENERATED,
+            max_decoding_length=max(limits) + 1, suppress_sequences=self._never,
             use_vmap=self.vocab_map is not None)
         candidates = [[(pieces[:limit], log_prob)
                        for pieces, log_prob in zip(result.hypotheses, result.scores, strict=True)]
@@ -164,11 +166,6 @@ class CTranslate2Translator(BaseTranslator):
                                    log_prob))
         hyps.sort(key=lambda h: -h.score)
         return hyps[:nbest]
-
-
-def _pieces(tokenizers: TokenizerPair, side: str) -> list[str]:
-    tokenizer = getattr(tokenizers, side)
-    return [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
 
 
 def _ct2_device(device: str | torch.device) -> tuple[str, int]:

@@ -15,8 +15,10 @@ The model goes through CTranslate2's model-spec API: a `TransformerSpec` filled 
     W_o                                     linear[-1]
     addnorm1/2/3.ln                         the sublayer's layer_norm (post-norm: after the
                                             residual; pre-norm: before, and a final norm)
-    ffn.dense1, dense2                      ffn.linear_0, linear_1
-    output_projection (tied)                decoder.projection (the same matrix: saved once)
+    ffn.dense1, dense2 (activation)         ffn.linear_0, linear_1 (relu, gelu or swish)
+    output_projection (tied), its bias      decoder.projection (the same matrix: saved once)
+    the tokenizers' pieces in id order      the vocabularies; the special tokens are those of
+                                            the tokenizer's ids (imported Marian models too)
 
 A pruned model (layers with fewer heads) is exported with the removed heads as zero rows of
 W_q, W_k, W_v and zero columns of W_o: CTranslate2 wants one head count per stack, and a zero
@@ -34,8 +36,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Union
@@ -45,8 +45,8 @@ from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
 from .config import DecodingSettings, TrainConfig
-from .errors import ExportError, WriteError
-from .files import atomic_write
+from .errors import ExportError
+from .files import atomic_directory, atomic_write
 from .model import ModelConfig, Transformer
 from .tokenizer import Tokenizer, TokenizerPair
 from .translator import Translator
@@ -62,6 +62,7 @@ QUANTIZATIONS = ("float32", "int8", "int8_float32")  # CPU weight types worth ex
 EXPORT_INFO = "transformer.json"  # our metadata beside CTranslate2's model.bin
 VOCAB_MAP = "vmap.txt"  # the file name CTranslate2 looks for
 INSTALL_HINT = "pip install 'ctranslate2>=4' (the package's [export] extra)"
+CT2_ACTIVATION = {"relu": "RELU", "gelu": "GELU", "swish": "SWISH"}  # ModelConfig.activation
 
 
 def require_ctranslate2() -> Any:
@@ -88,6 +89,8 @@ class ExportInfo:
     languages: dict[str, str | None] = field(default_factory=dict)  # "src"/"tgt" -> code
     # vmap.txt's facts when the export has a vocabulary map (then CTranslate2 uses it)
     vocab_map: dict[str, Any] | None = None
+    # side -> `Tokenizer.id_table()` for tokenizers whose ids come from a table (imported)
+    id_tables: dict[str, dict[str, Any]] | None = None
 
     def model(self) -> ModelConfig:
         return ModelConfig.from_dict(self.model_config)
@@ -119,31 +122,14 @@ def _set_layer_norm(spec: Any, ln: nn.LayerNorm) -> None:
     spec.gamma, spec.beta = _array(ln.weight), _array(ln.bias)
 
 
-def _full_heads(attention: MultiHeadAttention,
-                num_heads: int) -> tuple[list[Tensor], list[Tensor], Tensor]:
-    """W_q, W_k, W_v weights and biases with every original head, pruned heads as zeros,
-    and W_o's weight with zero columns for them: (num_heads * head_dim, d) each."""
-    head_dim = attention.head_dim
-    rows = (torch.tensor(attention.head_ids)[:, None] * head_dim
-            + torch.arange(head_dim)).flatten()  # the kept heads' features, original order
-    weights, biases = [], []
-    for linear in (attention.W_q, attention.W_k, attention.W_v):
-        w = linear.weight.new_zeros(num_heads * head_dim, linear.weight.shape[1])
-        w[rows] = linear.weight.detach()
-        weights.append(w)
-        b = linear.weight.new_zeros(num_heads * head_dim)
-        if linear.bias is not None:
-            b[rows] = linear.bias.detach()
-        biases.append(b)
-    w_o = attention.W_o.weight.new_zeros(attention.W_o.weight.shape[0], num_heads * head_dim)
-    w_o[:, rows] = attention.W_o.weight.detach()
-    return weights, biases, w_o
-
-
 def _set_attention(spec: Any, attention: MultiHeadAttention, num_heads: int, *,
                    self_attention: bool) -> None:
-    """Self-attention: linear[0] = fused QKV; cross: linear[0] = Q, linear[1] = fused KV."""
-    (wq, wk, wv), (bq, bk, bv), w_o = _full_heads(attention, num_heads)
+    """Self-attention: linear[0] = fused QKV; cross: linear[0] = Q, linear[1] = fused KV.
+    Pruned heads are zeros (`MultiHeadAttention.unpruned_weights`)."""
+    full = attention.unpruned_weights()
+    wq, wk, wv, w_o = (full[f"{name}.weight"] for name in ("W_q", "W_k", "W_v", "W_o"))
+    bq, bk, bv = (full.get(f"{name}.bias", torch.zeros(len(full[f"{name}.weight"])))
+                  for name in ("W_q", "W_k", "W_v"))
     if self_attention:
         _set_linear(spec.linear[0], torch.cat([wq, wk, wv]), torch.cat([bq, bk, bv]))
     else:
@@ -170,10 +156,13 @@ def transformer_spec(model: Transformer, tokenizers: TokenizerPair) -> Any:
     """A CTranslate2 `TransformerSpec` holding `model`'s weights and vocabularies."""
     require_ctranslate2()
     from ctranslate2.specs import transformer_spec as ts
+    from ctranslate2.specs.common_spec import Activation
 
     c = model.config
     spec = ts.TransformerSpec.from_config((c.num_encoder_layers, c.num_decoder_layers),
-                                          c.num_heads, pre_norm=c.norm_first)
+                                          c.num_heads, pre_norm=c.norm_first,
+                                          activation=getattr(Activation, CT2_ACTIVATION[
+                                              c.activation]))
     encoder, decoder = model.encoder, model.decoder
     _set_inputs(spec.encoder, encoder.embedding, encoder.pos_encoding.P[0])
     for layer, block in zip(spec.encoder.layer, encoder.blks, strict=True):
@@ -190,13 +179,15 @@ def transformer_spec(model: Transformer, tokenizers: TokenizerPair) -> Any:
     if c.norm_first:
         _set_layer_norm(spec.encoder.layer_norm, encoder.final_ln)
         _set_layer_norm(spec.decoder.layer_norm, decoder.final_ln)
-    _set_linear(spec.decoder.projection, model.output_projection.weight, None)
+    _set_linear(spec.decoder.projection, model.output_projection.weight,
+                model.output_projection.bias)
     spec.config.layer_norm_epsilon = encoder.blks[0].addnorm1.ln.eps
-    # Our ids are the SentencePiece ids, so the vocabularies are its pieces in id order.
-    spec.register_source_vocabulary(_pieces(tokenizers.src))
-    spec.register_target_vocabulary(_pieces(tokenizers.tgt))
-    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = "<unk>", "<s>", "</s>"
-    spec.config.decoder_start_token = "<s>"
+    # The vocabularies are the pieces in id order (SentencePiece's, or an imported table's).
+    spec.register_source_vocabulary(tokenizers.src.vocabulary())
+    spec.register_target_vocabulary(tokenizers.tgt.vocabulary())
+    piece, ids = tokenizers.tgt.id_to_piece, tokenizers.tgt.specials
+    spec.config.unk_token, spec.config.eos_token = piece(ids.unk), piece(ids.eos)
+    spec.config.bos_token = spec.config.decoder_start_token = piece(ids.start)
     return spec
 
 
@@ -208,10 +199,6 @@ def _halve_position_tables(spec: Any) -> None:
         table = stack.position_encodings.encodings
         if not isinstance(table, str):  # a str is an alias of an identical table, saved once
             stack.position_encodings.encodings = table.to("float16")
-
-
-def _pieces(tokenizer: Tokenizer) -> list[str]:
-    return [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
 
 
 # ---- writing and reading an export --------------------------------------------------------------
@@ -245,17 +232,14 @@ def export_ctranslate2(translator: Translator, output: PathLike, *,
                       training_config=(None if translator.training_config is None
                                        else translator.training_config.to_dict()),
                       languages=translator.languages,
+                      id_tables={side: table for side in ("src", "tgt")
+                                 if (table := getattr(translator.tokenizers, side).id_table())}
+                      or None,
                       vocab_map=None if vocab_map is None else {
                           "file": VOCAB_MAP, "pairs": vocab_map.pairs,
                           "always": len(vocab_map.always),
                           "source_pieces": len(vocab_map.candidates)})
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        build = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp"))
-        build.chmod(0o755)  # mkdtemp's is 0o700
-    except OSError as e:
-        raise WriteError(f"could not write {output}: {e.strerror or e}") from e
-    try:
+    with atomic_directory(output) as build:
         spec.save(str(build))
         translator.tokenizers.src.save(build / files["src"])
         if not shared:
@@ -264,24 +248,7 @@ def export_ctranslate2(translator: Translator, output: PathLike, *,
             vocab_map.write(build / VOCAB_MAP)
         with atomic_write(build / EXPORT_INFO, text=True) as f:
             json.dump(asdict(info), f, indent=2, default=str)
-        _replace_directory(build, output)
-    except OSError as e:
-        raise WriteError(f"could not write {output}: {e.strerror or e}") from e
-    finally:
-        shutil.rmtree(build, ignore_errors=True)
     return info
-
-
-def _replace_directory(new: Path, target: Path) -> None:
-    """Rename `new` to `target`; an existing `target` is moved aside first, then deleted."""
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(target, old)
-    os.replace(new, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def is_export(directory: PathLike) -> bool:
@@ -306,9 +273,10 @@ def read_export(directory: PathLike) -> tuple[ExportInfo, TokenizerPair]:
     except (OSError, ValueError, TypeError) as e:
         raise ExportError(f"unreadable {path}: {e}") from e
     try:
-        src = Tokenizer.load(directory / info.tokenizer["src"])
+        tables = info.id_tables or {}
+        src = Tokenizer.load(directory / info.tokenizer["src"], tables.get("src"))
         tgt = (src if info.tokenizer["tgt"] == info.tokenizer["src"]
-               else Tokenizer.load(directory / info.tokenizer["tgt"]))
+               else Tokenizer.load(directory / info.tokenizer["tgt"], tables.get("tgt")))
     except (OSError, RuntimeError, ValueError, KeyError) as e:
         raise ExportError(f"{directory}: unreadable SentencePiece model: {e}") from e
     return info, TokenizerPair(src, tgt)

@@ -4,7 +4,8 @@
         f.write(data)                  # renamed to `path` only when this block succeeds
 
 On any failure (a full disk, a file-size limit, an exception in the block) the temporary
-file is removed and `path` keeps its previous contents. A failed write raises `WriteError`,
+file is removed and `path` keeps its previous contents. `atomic_directory` does the same for
+a directory of files (an export). A failed write raises `WriteError`,
 an `OSError` whose one-line message names the file and the reason, so entry points can print
 it without a traceback.
 """
@@ -12,6 +13,7 @@ it without a traceback.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +22,7 @@ from typing import IO, Any, Union
 
 from .errors import WriteError
 
-__all__ = ["atomic_write"]
+__all__ = ["atomic_write", "atomic_directory"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -83,3 +85,29 @@ def atomic_write(path: PathLike, *, text: bool = False) -> Iterator[IO]:
         except OSError:
             pass  # the error that matters was raised already
         Path(tmp).unlink(missing_ok=True)  # a no-op after os.replace
+
+
+@contextmanager
+def atomic_directory(path: PathLike) -> Iterator[Path]:
+    """Build a directory in a temporary folder beside `path`, renamed to `path` after the
+    block; an existing `path` is moved aside first, then deleted. On failure the temporary
+    folder is removed and `path` is left as it was; an OSError becomes `WriteError`."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        build = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+        build.chmod(0o755)  # mkdtemp's is 0o700
+    except OSError as e:
+        raise _failed(path, e) from e
+    try:
+        yield build
+        old = path.with_name(f".{path.name}.old")
+        if path.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+        os.replace(build, path)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:
+        raise _failed(path, e) from e
+    finally:
+        shutil.rmtree(build, ignore_errors=True)  # a no-op after the rename

@@ -42,7 +42,7 @@ from .model import Transformer
 from .plots import new_figure, save_png
 from .store import Batch, ParallelCorpus
 from .text import ParallelText
-from .tokenizer import PAD_ID, TokenizerPair
+from .tokenizer import TokenizerPair
 from .translator import Translator
 
 __all__ = ["head_masks", "teacher_forced_batches", "GradientScores", "gradient_importance",
@@ -113,8 +113,9 @@ def gradient_importance(model: Transformer, batches: Sequence[Batch]) -> Gradien
             with head_masks(model, gates):
                 nll = teacher_forced_loss(model, batch).nll
                 grads = torch.autograd.grad(nll, list(gates.values()))  # (B, heads) each
-            tgt_real = batch.tgt_out != PAD_ID
-            real = {"enc-self": batch.src != PAD_ID, "dec-self": tgt_real,
+            pad = model.config.pad_id
+            tgt_real = batch.tgt_out != pad
+            real = {"enc-self": batch.src != pad, "dec-self": tgt_real,
                     "enc-dec": tgt_real}  # (B, queries)
             for layer, grad in zip(layers, grads, strict=True):
                 importance[layer.name] += grad.abs().sum(0).double().cpu()

@@ -24,7 +24,6 @@ from torch import Tensor, nn
 from .model import Transformer, eval_mode
 from .ops import linear_label_smoothed_cross_entropy
 from .store import Batch
-from .tokenizer import PAD_ID
 
 __all__ = ["LabelSmoothedLoss", "TeacherForcedLoss", "teacher_forced_loss", "LossReport",
            "evaluate_loss"]
@@ -41,11 +40,11 @@ class LabelSmoothedLoss(nn.Module):
 
     def forward(self, src: Tensor, src_valid_lens: Tensor, tgt_in: Tensor,
                 tgt_out: Tensor) -> Tensor:
-        mask = tgt_out != PAD_ID  # (batch, tgt_len)
+        mask = tgt_out != self.model.config.pad_id  # (batch, tgt_len)
         hidden = self.model.hidden_states(src, src_valid_lens, tgt_in)[mask]  # (N, d)
-        weight = self.model.output_projection.weight  # (V, d); the projection has no bias
-        return linear_label_smoothed_cross_entropy(hidden, weight, tgt_out[mask],
-                                                   self.label_smoothing)
+        projection = self.model.output_projection  # weight (V, d), bias (V,) or None
+        return linear_label_smoothed_cross_entropy(hidden, projection.weight, tgt_out[mask],
+                                                   self.label_smoothing, bias=projection.bias)
 
 
 @dataclass
@@ -60,7 +59,7 @@ class TeacherForcedLoss:
 def teacher_forced_loss(model: Transformer, batch: Batch) -> TeacherForcedLoss:
     """Feed the reference prefix, score every real target token (the projection runs on
     those positions only)."""
-    mask = batch.tgt_out != PAD_ID  # (batch, tgt_len)
+    mask = batch.tgt_out != model.config.pad_id  # (batch, tgt_len)
     logits = model(batch.src, batch.src_valid_lens, batch.tgt_in, output_mask=mask)  # (N, V)
     log_probs = logits.float().log_softmax(-1)  # once for both numbers
     nll = -log_probs.gather(1, batch.tgt_out[mask][:, None]).sum()

@@ -2,7 +2,7 @@
 
     src ids -> embedding * sqrt(d) + positions -> EncoderBlock x N -> enc_outputs
     tgt ids -> embedding * sqrt(d) + positions -> DecoderBlock x N (attending to enc_outputs)
-            -> output projection (tied to the embedding) -> logits
+            -> output projection (tied to the embedding, optional bias) -> logits
 
 The model is built from a `ModelConfig`, which travels with the weights in checkpoints
 (`config.to_dict()` / `ModelConfig.from_dict`), so a saved model can be rebuilt without the
@@ -21,9 +21,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .blocks import DecoderBlock, EncoderBlock, LayerCache
+from .blocks import ACTIVATIONS, DecoderBlock, EncoderBlock, LayerCache
 from .errors import ConfigError
 from .ops import Dropout
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 __all__ = ["Hyperparameters", "ModelConfig", "PositionalEncoding", "TransformerEncoder",
            "TransformerDecoder", "Transformer", "eval_mode"]
@@ -44,6 +45,8 @@ class Hyperparameters:
     norm_first: bool = False  # False: post-norm (paper, book); True: pre-norm
     tie_output: bool = True  # target embedding == output projection
     max_positions: int = 1024
+    activation: str = "relu"  # the FFN's: relu (paper), gelu, swish (OPUS-MT's)
+    output_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
 
 
 @dataclass
@@ -54,7 +57,10 @@ class ModelConfig(Hyperparameters):
     src_vocab_size: int = 8000
     tgt_vocab_size: int = 8000
     share_embeddings: bool = True  # one matrix for source, target and output (joint vocab)
-    pad_id: int = 0
+    # The tokenizer's ids with a role in the model and the search (`tokenizer.SpecialIds`).
+    pad_id: int = PAD_ID  # its embedding row stays zero and untrained
+    start_id: int = BOS_ID  # the decoder's first input (Marian models: pad_id)
+    eos_id: int = EOS_ID
     # Heads removed after training: attention module name (see `attention_names`) ->
     # sorted original head indices. Written to checkpoints only when not empty.
     pruned_heads: dict[str, list[int]] = field(default_factory=dict)
@@ -67,7 +73,7 @@ class ModelConfig(Hyperparameters):
         for name in ("src_vocab_size", "tgt_vocab_size", "num_hiddens", "ffn_num_hiddens",
                      "num_heads", "num_encoder_layers", "num_decoder_layers", "max_positions"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if not _is_int(value) or value <= 0:
                 raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
         for name in ("dropout", "attention_dropout"):
             value = getattr(self, name)
@@ -80,8 +86,17 @@ class ModelConfig(Hyperparameters):
             raise ConfigError(
                 "model.share_embeddings needs one joint vocabulary, but src_vocab_size="
                 f"{self.src_vocab_size} != tgt_vocab_size={self.tgt_vocab_size}")
-        if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
-            raise ConfigError(f"model.pad_id must be a valid token id, got {self.pad_id}")
+        for name in ("pad_id", "start_id", "eos_id"):
+            value = getattr(self, name)
+            if not _is_int(value) or not 0 <= value < min(self.src_vocab_size,
+                                                          self.tgt_vocab_size):
+                raise ConfigError(f"model.{name} must be a valid token id, got {value!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"model.activation must be one of {', '.join(ACTIVATIONS)}, "
+                              f"got {self.activation!r}")
+        if not isinstance(self.output_bias, bool):
+            raise ConfigError(f"model.output_bias must be true or false, got "
+                              f"{self.output_bias!r}")
         self._validate_pruned_heads()
 
     def _validate_pruned_heads(self) -> None:
@@ -116,6 +131,12 @@ class ModelConfig(Hyperparameters):
         return d
 
     @classmethod
+    def normalized(cls, d: dict[str, Any]) -> dict[str, Any]:
+        """`d` as this version writes it (fields it lacks get their defaults), for
+        comparing a stored config with a new one."""
+        return cls.from_dict(d).to_dict()
+
+    @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Rebuild from `to_dict()`; unknown keys are an error, not silently dropped."""
         known = {f.name for f in fields(cls)}
@@ -123,6 +144,10 @@ class ModelConfig(Hyperparameters):
         if unknown:
             raise ConfigError(f"unknown model config keys: {unknown}")
         return cls(**d)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class PositionalEncoding(nn.Module):
@@ -158,7 +183,7 @@ class TransformerEncoder(nn.Module):
         self.pos_encoding = PositionalEncoding(c.num_hiddens, c.dropout, c.max_positions)
         self.blks = nn.ModuleList(
             EncoderBlock(c.num_hiddens, c.ffn_num_hiddens, c.num_heads, c.dropout,
-                         c.attention_dropout, c.norm_first)
+                         c.attention_dropout, c.norm_first, c.activation)
             for _ in range(c.num_encoder_layers))
         # Pre-norm leaves the residual stream unnormalized: normalize it once at the end.
         self.final_ln = nn.LayerNorm(c.num_hiddens) if c.norm_first else nn.Identity()
@@ -182,7 +207,7 @@ class TransformerDecoder(nn.Module):
         self.pos_encoding = PositionalEncoding(c.num_hiddens, c.dropout, c.max_positions)
         self.blks = nn.ModuleList(
             DecoderBlock(c.num_hiddens, c.ffn_num_hiddens, c.num_heads, c.dropout,
-                         c.attention_dropout, c.norm_first)
+                         c.attention_dropout, c.norm_first, c.activation)
             for _ in range(c.num_decoder_layers))
         self.final_ln = nn.LayerNorm(c.num_hiddens) if c.norm_first else nn.Identity()
 
@@ -213,7 +238,7 @@ class Transformer(nn.Module):
         self.decoder = TransformerDecoder(c, tgt_embedding)
         for name, heads in c.pruned_heads.items():
             self.get_submodule(name).prune_heads(heads)
-        self.output_projection = nn.Linear(c.num_hiddens, c.tgt_vocab_size, bias=False)
+        self.output_projection = nn.Linear(c.num_hiddens, c.tgt_vocab_size, bias=c.output_bias)
         self.reset_parameters()
         if c.tie_output:
             self.output_projection.weight = tgt_embedding.weight

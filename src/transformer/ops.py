@@ -41,16 +41,20 @@ class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
     """Forward computes the loss and both gradients, chunk by chunk; backward scales them."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float,
-                chunk_rows: int) -> Tensor:
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor,
+                epsilon: float, chunk_rows: int) -> Tensor:
         V = weight.shape[0]
         acc = torch.promote_types(weight.dtype, torch.float32)  # float32, or float64
         loss = torch.zeros((), dtype=acc, device=hidden.device)
         grad_hidden = torch.empty_like(hidden)  # (N, d)
         grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)
+        grad_bias = None if bias is None else torch.zeros(bias.shape, dtype=acc,
+                                                          device=bias.device)
         for start in range(0, len(hidden), chunk_rows):
             h, t = hidden[start:start + chunk_rows], target[start:start + chunk_rows, None]
             logits = torch.mm(h, weight.t())  # (n, V); a bf16 matmul under autocast
+            if bias is not None:
+                logits = logits + bias
             logits = logits.to(acc)
             lse = torch.logsumexp(logits, dim=1, keepdim=True)  # (n, 1)
             # -log p_y = lse - x_y;  -mean_v log p_v = lse - mean_v x_v
@@ -62,23 +66,29 @@ class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
             G = G.to(weight.dtype)
             grad_hidden[start:start + chunk_rows] = torch.mm(G, weight)  # (n, d)
             grad_weight += torch.mm(G.t(), h)  # (V, d)
-        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+            if grad_bias is not None:
+                grad_bias += G.sum(0)  # (V,)
+        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype),
+                              None if bias is None else grad_bias.to(bias.dtype))
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None, None
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+        return (grad_hidden * grad_loss, grad_weight * grad_loss,
+                None if grad_bias is None else grad_bias * grad_loss, None, None, None)
 
 
 def linear_label_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
-                                        epsilon: float, chunk_rows: int | None = None
-                                        ) -> Tensor:
-    """Summed label-smoothed cross-entropy of the logits `hidden @ weight.T` against `target`.
+                                        epsilon: float, chunk_rows: int | None = None, *,
+                                        bias: Tensor | None = None) -> Tensor:
+    """Summed label-smoothed cross-entropy of the logits `hidden @ weight.T + bias` against
+    `target`.
 
     hidden (N, d) are the states of the N target tokens to score (select real tokens first),
-    weight (V, d) the output projection (no bias), target (N,) token ids. Equals
-    `nn.CrossEntropyLoss(reduction="sum", label_smoothing=epsilon)(hidden @ weight.T, target)`
+    weight (V, d) and bias (V,) or None the output projection, target (N,) token ids. Equals
+    `nn.CrossEntropyLoss(reduction="sum", label_smoothing=epsilon)(F.linear(hidden, weight,
+    bias), target)`
     in value and gradients: the target distribution is (1 - epsilon) on the reference token
     plus epsilon / V everywhere. The softmax is computed in float32 whatever the matmul's
     dtype (float64 stays float64). `chunk_rows` (default: ~4M logits, 16 MB, per chunk)
@@ -89,5 +99,5 @@ def linear_label_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, target: 
         raise ValueError(f"expected hidden (N, d), weight (V, d) and target (N,), got "
                          f"{tuple(hidden.shape)}, {tuple(weight.shape)} and {tuple(target.shape)}")
     chunk_rows = chunk_rows or max(1, 2 ** 22 // weight.shape[0])
-    return _LinearLabelSmoothedCrossEntropy.apply(hidden, weight, target, float(epsilon),
+    return _LinearLabelSmoothedCrossEntropy.apply(hidden, weight, bias, target, float(epsilon),
                                                   chunk_rows)

@@ -10,7 +10,9 @@ re-runs the decoder over the whole prefix instead (the reference for tests and b
 Conventions shared by both searches:
 - The output of a sentence is at most `max_len = a * source_len + b` tokens, EOS not counted
   (`max_output_lengths`); beam search then forces EOS, greedy search just stops.
-- PAD and BOS are never generated (their logits are masked); UNK may be.
+- Decoding starts from the model's `start_id` (BOS; Marian models: PAD) and ends with its
+  `eos_id`; PAD and the start token are never generated (their logits are masked); UNK may
+  be.
 
 Beam search, in short (rows = sentences x beam, scores = cumulative log-probs):
 - Step 0 decodes one row per sentence and its top `beam` tokens start the beam, so no
@@ -43,7 +45,6 @@ from .batching import pack
 from .blocks import LayerCache
 from .config import DecodingSettings
 from .model import Transformer, eval_mode
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 __all__ = ["DEFAULT_ALPHA", "DEFAULT_MAX_TOKENS", "Hypothesis",
            "length_penalty", "max_output_lengths", "greedy_search", "beam_search",
@@ -86,7 +87,8 @@ def _next_log_probs(model: Transformer, tokens: Tensor, enc_outputs: Tensor,
     else:
         hidden = model.decoder(tokens, enc_outputs, src_valid_lens)[:, -1]  # (rows, d)
         logits = model.output_projection(hidden)
-    never = torch.tensor([PAD_ID, BOS_ID], device=logits.device)
+    c = model.config
+    never = torch.tensor(sorted({c.pad_id, c.start_id}), device=logits.device)
     logits = logits.float().index_fill_(1, never, float("-inf"))  # a fresh tensor: in place
     return torch.log_softmax(logits, dim=-1)
 
@@ -109,22 +111,23 @@ def greedy_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
     decodes with `beam_search(beam_size=1)`, which the tests check equals this plain loop."""
     max_lens = max_output_lengths(src_valid_lens, max_len_a, max_len_b,
                                   model.config.max_positions)  # (batch,)
+    start, eos = model.config.start_id, model.config.eos_id
     outputs: list[list[int]] = [[] for _ in range(src.shape[0])]
     with eval_mode(model):
         enc_outputs = model.encode(src, src_valid_lens)
         cache = model.new_cache() if use_cache else None
-        tokens = torch.full((src.shape[0], 1), BOS_ID, dtype=torch.long, device=src.device)
+        tokens = torch.full((src.shape[0], 1), start, dtype=torch.long, device=src.device)
         sentence = torch.arange(src.shape[0], device=src.device)  # original index of each row
         for step in range(int(max_lens.max())):
             log_probs = _next_log_probs(model, tokens, enc_outputs, src_valid_lens, cache)
             next_tokens = log_probs.argmax(-1)  # (rows,)
             tokens = torch.cat([tokens, next_tokens[:, None]], 1)  # (rows, 2 + step)
-            done = (next_tokens == EOS_ID) | (max_lens == step + 1)
+            done = (next_tokens == eos) | (max_lens == step + 1)
             if not bool(done.any()):
                 continue
             for row in done.nonzero().squeeze(1).tolist():
                 ids = tokens[row, 1:].tolist()
-                outputs[int(sentence[row])] = ids[:-1] if ids[-1] == EOS_ID else ids
+                outputs[int(sentence[row])] = ids[:-1] if ids[-1] == eos else ids
             keep = (~done).nonzero().squeeze(1)
             if keep.numel() == 0:
                 break
@@ -148,6 +151,7 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
     if alpha < 0:
         raise ValueError(f"alpha must be >= 0, got {alpha}")
     k, device = beam_size, src.device
+    start, eos = model.config.start_id, model.config.eos_id
     num_sentences = src.shape[0]
     finished: list[list[Hypothesis]] = [[] for _ in range(num_sentences)]  # best first
     # Per active sentence (a): original index, length limit, open slots, nbest-th score.
@@ -165,17 +169,18 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
         # cache are identical across a sentence's rows and need no reordering after that.
         enc_outputs = model.encode(src, src_valid_lens)
         cache = model.new_cache() if use_cache else None
-        tokens = torch.full((num_sentences, 1), BOS_ID, dtype=torch.long, device=device)
+        tokens = torch.full((num_sentences, 1), start, dtype=torch.long, device=device)
         for step in range(int(max_lens.max()) + 1):
             num_active, width = scores.shape
             log_probs = _next_log_probs(model, tokens, enc_outputs, src_valid_lens, cache)
             at_limit = max_lens == step  # (a,) these sentences must end now
             if bool(at_limit.any()):
-                _only_eos(log_probs, at_limit.repeat_interleave(width).nonzero().squeeze(1))
+                _only_eos(log_probs, at_limit.repeat_interleave(width).nonzero().squeeze(1),
+                          eos)
             top_scores, beam, token = _top_candidates(scores, log_probs, k)  # (a, k) each
             # The shrinking beam: the best `budget` candidates go on (or end, with EOS).
             accepted = (slots[None] < budget[:, None]) & (top_scores > float("-inf"))
-            ended = accepted & (token == EOS_ID)
+            ended = accepted & (token == eos)
             rows = (torch.arange(num_active, device=device)[:, None] * width + beam).view(-1)
             tokens = torch.cat([tokens.index_select(0, rows), token.view(-1, 1)], 1)
             _select_cache(cache, rows, cross_attention=step == 0)
@@ -221,11 +226,11 @@ def _top_candidates(scores: Tensor, log_probs: Tensor,
     return top_scores, top_index // vocab_size, top_index % vocab_size
 
 
-def _only_eos(log_probs: Tensor, rows: Tensor) -> None:
+def _only_eos(log_probs: Tensor, rows: Tensor, eos: int) -> None:
     """Let `rows` of log_probs (rows, vocab) continue with EOS only (its log-prob kept)."""
-    eos = log_probs[rows, EOS_ID]
+    kept = log_probs[rows, eos]
     log_probs[rows] = float("-inf")
-    log_probs[rows, EOS_ID] = eos
+    log_probs[rows, eos] = kept
 
 
 def _collect(finished: list[list[Hypothesis]], kth_score: Tensor, ended: Tensor,
@@ -255,7 +260,7 @@ def search_corpus(model: Transformer, sources: Sequence[Sequence[int]], *,
     device = model.device
 
     def search(batch: list[Sequence[int]]) -> list[list[Hypothesis]]:
-        src, src_valid_lens = _pad(batch, device)
+        src, src_valid_lens = _pad(batch, model.config.pad_id, device)
         return beam_search(model, src, src_valid_lens, beam_size=settings.beam_size,
                            nbest=nbest, alpha=settings.alpha, max_len_a=settings.max_len_a,
                            max_len_b=settings.max_len_b, use_cache=use_cache)
@@ -286,8 +291,9 @@ def decode_batches(sources: Sequence[Sequence[int]],
     return results
 
 
-def _pad(sources: list[Sequence[int]], device: torch.device) -> tuple[Tensor, Tensor]:
-    """-> src (batch, longest) padded with PAD, src_valid_lens (batch,)."""
+def _pad(sources: list[Sequence[int]], pad_id: int,
+         device: torch.device) -> tuple[Tensor, Tensor]:
+    """-> src (batch, longest) padded with `pad_id`, src_valid_lens (batch,)."""
     longest = max(map(len, sources))
-    src = torch.tensor([list(ids) + [PAD_ID] * (longest - len(ids)) for ids in sources])
+    src = torch.tensor([list(ids) + [pad_id] * (longest - len(ids)) for ids in sources])
     return src.to(device), torch.tensor([len(ids) for ids in sources], device=device)

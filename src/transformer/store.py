@@ -19,7 +19,8 @@ node). Validation and test splits, and text encoded on the fly (`ParallelCorpus.
 use the same class with arrays in memory.
 
 Token layout of a `Batch`: the source with EOS appended (`x + [EOS]`), the target shifted
-(`tgt_in = [BOS] + y`, `tgt_out = y + [EOS]`).
+(`tgt_in = [BOS] + y`, `tgt_out = y + [EOS]`), padded with PAD; the ids are the tokenizer's
+(`SpecialIds`, recorded in meta.json as `special_ids`; BOS is the decoder's start id).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from torch import Tensor
 from .errors import DataError, WriteError
 from .files import atomic_write
 from .text import ParallelText
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
+from .tokenizer import SpecialIds, TokenizerPair
 
 __all__ = ["STORE_VERSION", "Batch", "ParallelCorpus", "StoreWriter", "id_dtype"]
 
@@ -96,17 +97,17 @@ def _read_rows(path: Path, starts: np.ndarray, lens: np.ndarray, dtype: np.dtype
     return out
 
 
-def _padded(flat: np.ndarray, lens: np.ndarray, *, bos: bool = False,
+def _padded(flat: np.ndarray, lens: np.ndarray, ids: SpecialIds, *, bos: bool = False,
             eos: bool = False) -> Tensor:
-    """Concatenated rows (`lens[i]` ids each) as a (B, width) long tensor: optional BOS in
-    front, optional EOS after the last piece, PAD_ID after that."""
+    """Concatenated rows (`lens[i]` ids each) as a (B, width) long tensor: optional BOS
+    (`ids.start`) in front, optional EOS after the last piece, PAD after that."""
     shift = int(bos)
-    out = np.full((len(lens), int(lens.max()) + shift + int(eos)), PAD_ID, dtype=np.int64)
+    out = np.full((len(lens), int(lens.max()) + shift + int(eos)), ids.pad, dtype=np.int64)
     out[np.repeat(np.arange(len(lens)), lens), _positions_in_rows(lens) + shift] = flat
     if bos:
-        out[:, 0] = BOS_ID
+        out[:, 0] = ids.start
     if eos:
-        out[np.arange(len(lens)), lens + shift] = EOS_ID
+        out[np.arange(len(lens)), lens + shift] = ids.eos
     return torch.from_numpy(out)
 
 
@@ -152,6 +153,7 @@ class ParallelCorpus:
     src_text: list[str] | None = None  # raw lines (kept for valid/test: BLEU references)
     tgt_text: list[str] | None = None
     path: Path | None = field(default=None, compare=False)  # the store, when mapped
+    special_ids: SpecialIds = SpecialIds()  # the tokenizer's: how `collate` frames rows
 
     @classmethod
     def encode(cls, text: ParallelText, tokenizers: TokenizerPair,
@@ -162,7 +164,8 @@ class ParallelCorpus:
         src_ids, src_lens = _flatten(tokenizers.src.encode_batch(text.src), dtype)
         tgt_ids, tgt_lens = _flatten(tokenizers.tgt.encode_batch(text.tgt), dtype)
         corpus = cls(src_ids, _offsets(src_lens), tgt_ids, _offsets(tgt_lens),
-                     np.asarray(text.lines, dtype=np.int64))
+                     np.asarray(text.lines, dtype=np.int64),
+                     special_ids=tokenizers.tgt.specials)
         if keep_text:
             corpus.src_text, corpus.tgt_text = text.src, text.tgt
         return corpus
@@ -181,7 +184,7 @@ class ParallelCorpus:
                 raise DataError(f"{directory / f'{side}.idx'} does not match "
                                 f"{side}.bin ({_delete_hint(directory)})")
         return cls(**arrays, all_lines=_map(directory / "lines.idx", np.int64, n),
-                   path=directory)
+                   path=directory, special_ids=SpecialIds(**meta.get("special_ids", {})))
 
     def __len__(self) -> int:
         return len(self.all_lines) if self.pairs is None else len(self.pairs)
@@ -236,7 +239,8 @@ class ParallelCorpus:
         keep = np.asarray(keep, dtype=bool)
         kept = np.flatnonzero(keep)
         view = ParallelCorpus(self.src_ids, self.src_offsets, self.tgt_ids, self.tgt_offsets,
-                              self.all_lines, self._sentences(kept), path=self.path)
+                              self.all_lines, self._sentences(kept), path=self.path,
+                              special_ids=self.special_ids)
         if self.src_text is not None:
             view.src_text = [self.src_text[i] for i in kept]
             view.tgt_text = [self.tgt_text[i] for i in kept]
@@ -261,10 +265,10 @@ class ParallelCorpus:
                  _read_rows(self.path / "lines.idx", sentences, np.ones_like(sentences),
                             np.dtype(np.int64)))
         return Batch(
-            src=_padded(src, src_lens, eos=True),
+            src=_padded(src, src_lens, self.special_ids, eos=True),
             src_valid_lens=torch.from_numpy(src_lens + 1),
-            tgt_in=_padded(tgt, tgt_lens, bos=True),
-            tgt_out=_padded(tgt, tgt_lens, eos=True),
+            tgt_in=_padded(tgt, tgt_lens, self.special_ids, bos=True),
+            tgt_out=_padded(tgt, tgt_lens, self.special_ids, eos=True),
             tgt_valid_lens=torch.from_numpy(tgt_lens + 1),
             num_tgt_tokens=int(tgt_lens.sum()) + len(tgt_lens),
             indices=lines.tolist(),

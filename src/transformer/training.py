@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
@@ -43,16 +43,16 @@ from tqdm import tqdm
 
 from . import checkpoint as ckpt
 from .attention_maps import encoder_decoder_figure
-from .config import DecodingSettings, TrainConfig, load_config
+from .config import DecodingSettings, ModelSettings, TrainConfig, load_config
 from .data import Data, load_data
 from .errors import CheckpointError, TrainingError, WriteError
 from .files import atomic_write
 from .loss import LabelSmoothedLoss, evaluate_loss
-from .model import Transformer, eval_mode
+from .model import ModelConfig, Transformer, eval_mode
 from .search import search_corpus
 from .store import Batch
-from .tokenizer import EOS_ID
 from .train_log import TrainLog, ValidationMetrics, setup_logging
+from .translator import resolve_checkpoint
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -243,10 +243,16 @@ class Trainer:
         self.losses: list[float] = []
 
         resume = self._find_resume_checkpoint()
-        self.data = self._load_data(None if resume is None else
-                                    ckpt.tokenizers_from_state(resume[1], resume[0]))
+        init = self._init_checkpoint()
+        if init is not None:  # the run's config says what it trains: the checkpoint's model
+            self.cfg = cfg = replace(
+                cfg, model=ModelSettings.of(ModelConfig.from_dict(init[1]["model_config"]),
+                                            name="init_from"))
+        start = resume or init
+        self.data = self._load_data(None if start is None else
+                                    ckpt.tokenizers_from_state(start[1], start[0]))
         torch.manual_seed(cfg.seed)  # the same initial model on every rank
-        self.model = self._build_model().to(self.device)
+        self.model = self._build_model(init).to(self.device)
         self.optimizer = build_optimizer(self.model, cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(cfg.optim.schedule, cfg.optim.warmup_updates,
@@ -283,6 +289,14 @@ class Trainer:
             return None
         return path, ckpt.load_checkpoint(path, map_location="cpu")
 
+    def _init_checkpoint(self) -> tuple[Path, dict] | None:
+        """(path, state) of `init_from`'s checkpoint, or None. Its weights are used only
+        when the run starts (a resumed run has its own), its config and tokenizers always."""
+        if self.cfg.init_from is None:
+            return None
+        path = resolve_checkpoint(Path(self.cfg.init_from).expanduser())
+        return path, ckpt.load_checkpoint(path, map_location="cpu", mmap=True)
+
     def _load_data(self, tokenizers) -> Data:
         """Rank 0 finds or trains the tokenizers and prepares the stores, and sends the
         tokenizers to every rank; then the first rank of each other node prepares what its
@@ -302,13 +316,20 @@ class Trainer:
             dist.barrier()
         return data
 
-    def _build_model(self) -> Transformer:
+    def _build_model(self, init: tuple[Path, dict] | None) -> Transformer:
+        """A new model from the config, or `init`'s (its pruned heads and weights too)."""
         toks = self.data.tokenizers
-        config = self.cfg.model.to_model_config(
-            toks.src.vocab_size, toks.tgt.vocab_size, share_embeddings=self.cfg.data.joint_vocab)
-        model = Transformer(config)
+        if init is None:
+            config = self.cfg.model.to_model_config(
+                toks.src.vocab_size, toks.tgt.vocab_size,
+                share_embeddings=self.cfg.data.joint_vocab, special_ids=toks.tgt.specials)
+            model = Transformer(config)
+        else:
+            model = ckpt.model_from_checkpoint(init[1], init[0])
+            log.info("initialized from %s", init[0])
+        ckpt.check_tokenizers(model.config, toks, init[0] if init else "the run's tokenizer")
         log.info("model %s: %s parameters, %s", self.cfg.model.name,
-                 f"{model.num_parameters():,}", config)
+                 f"{model.num_parameters():,}", model.config)
         return model
 
     def _restore(self, path: Path, state: dict) -> None:
@@ -553,7 +574,7 @@ class Trainer:
         detokenized, in file order (`search.search_corpus`, as the Translator decodes)."""
         t, corpus = self.cfg.trainer, self.data.valid
         n = min(len(corpus), t.bleu_max_sentences or len(corpus))
-        sources = [corpus.pair(i)[0] + [EOS_ID] for i in range(n)]
+        sources = [corpus.pair(i)[0] + [self.model.config.eos_id] for i in range(n)]
         settings = DecodingSettings(beam_size=1, max_len_a=t.decode_max_len_a,
                                     max_len_b=t.decode_max_len_b)
         hyps = search_corpus(self.model, sources, settings=settings,

@@ -25,6 +25,7 @@ import torch
 
 from .checkpoint import (
     average_weights,
+    check_tokenizers,
     load_checkpoint,
     model_from_checkpoint,
     stored_decoding,
@@ -35,7 +36,7 @@ from .config import DecodingSettings, TrainConfig
 from .errors import CheckpointError, DataError
 from .model import ModelConfig, Transformer
 from .search import DEFAULT_MAX_TOKENS, Hypothesis, search_corpus
-from .tokenizer import EOS_ID, TokenizerPair
+from .tokenizer import TokenizerPair
 
 __all__ = ["BaseTranslator", "Translator", "resolve_checkpoint", "translate_lines",
            "format_nbest", "bleu_report", "paper_protocol"]
@@ -167,7 +168,7 @@ class BaseTranslator(ABC):
                 log.warning("line %d has %d source tokens, more than the model's limit of %d; "
                             "translating its first %d", number, len(ids), limit, limit)
                 ids = ids[:limit]
-            sources.append(ids + [EOS_ID] if ids else [])
+            sources.append(ids + [self.tokenizers.src.specials.eos] if ids else [])
         return sources
 
     def _decode(self, ids: list[int]) -> str:
@@ -215,11 +216,7 @@ class Translator(BaseTranslator):
         name = files[0] if len(files) == 1 else f"the average of {len(files)} checkpoints"
         tokenizers = tokenizers_from_state(state, name)
         model = model_from_checkpoint(state, name)
-        for side, tokenizer, size in (("src", tokenizers.src, model.config.src_vocab_size),
-                                      ("tgt", tokenizers.tgt, model.config.tgt_vocab_size)):
-            if tokenizer.vocab_size != size:
-                raise CheckpointError(f"{name}: the {side} tokenizer has {tokenizer.vocab_size} "
-                                      f"pieces but the model's vocabulary is {size}")
+        check_tokenizers(model.config, tokenizers, name)
         return cls(model, tokenizers, device, decoding=stored_decoding(state, name),
                    training_config=stored_training_config(state, name))
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from .files import atomic_write
 from .text import iter_parallel
-from .tokenizer import SPECIAL_IDS, TokenizerPair
+from .tokenizer import TokenizerPair
 from .vocabulary import sample_pairs
 
 __all__ = ["DEFAULT_PER_SOURCE", "DEFAULT_ALWAYS", "VocabMap", "build_vocab_map"]
@@ -64,8 +64,10 @@ def build_vocab_map(tokenizers: TokenizerPair, src_path: PathLike, tgt_path: Pat
         raise ValueError(f"need per_source >= 1, always >= 0 and max_pairs >= 1, got "
                          f"{per_source}, {always}, {max_pairs}")
     text, _ = sample_pairs(iter_parallel(src_path, tgt_path, split="train"), max_pairs, seed)
-    src_ids = [_pieces_of(ids) for ids in tokenizers.src.encode_batch(text.src)]
-    tgt_ids = [_pieces_of(ids) for ids in tokenizers.tgt.encode_batch(text.tgt)]
+    src_ids = [_pieces_of(ids, tokenizers.src.specials.all)
+               for ids in tokenizers.src.encode_batch(text.src)]
+    tgt_ids = [_pieces_of(ids, tokenizers.tgt.specials.all)
+               for ids in tokenizers.tgt.encode_batch(text.tgt)]
     frequent = _most_frequent(tgt_ids, tokenizers.tgt.vocab_size, always)
     by_source = _likeliest_targets(src_ids, tgt_ids, tokenizers.tgt.vocab_size,
                                    per_source=per_source, left_out=frequent)
@@ -98,10 +100,10 @@ def _likeliest_targets(src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], tgt
             for a, b in zip(starts, ends, strict=True)}
 
 
-def _pieces_of(ids: list[int]) -> np.ndarray:
+def _pieces_of(ids: list[int], special_ids: tuple[int, ...]) -> np.ndarray:
     """A sentence's distinct piece ids, special ids left out."""
     unique = np.unique(np.asarray(ids, dtype=np.int64))
-    return unique[~np.isin(unique, SPECIAL_IDS)]
+    return unique[~np.isin(unique, special_ids)]
 
 
 def _cooccurrences(src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], tgt_vocab: int,

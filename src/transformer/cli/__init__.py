@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 __all__ = ["COMMANDS", "main", "command_module", "report_errors", "hydra_command"]
 
 COMMANDS = ("train", "prepare-data", "translate", "tune-decoding", "average-checkpoints",
-            "export", "serve", "attention-maps", "head-importance", "prune-heads",
-            "plot-curves")
+            "export", "import-hf", "serve", "attention-maps", "head-importance",
+            "prune-heads", "plot-curves")
 
 
 def command_module(name: str) -> ModuleType:

@@ -1,8 +1,9 @@
-"""Export a trained model to CTranslate2 for fast CPU (or GPU) translation.
+"""Export a model to CTranslate2 (fast CPU or GPU translation) or Hugging Face.
 
     transformer export --checkpoint RUN_DIR_OR_PT [RUN_DIR_OR_PT ...] --output DIR
         [--quantization float32|int8|int8_float32] [--vocab-map TRAIN_SRC TRAIN_TGT
         [--vocab-map-size N] [--vocab-map-always N]]
+    transformer export --format hf --checkpoint RUN_DIR_OR_PT --output DIR
 
 Writes a CTranslate2 model directory: `model.bin` and the vocabulary (CTranslate2's), the
 SentencePiece model, and `transformer.json` (model config, decoding defaults, language
@@ -14,7 +15,14 @@ float32). `--vocab-map` counts a vocabulary map in a parallel corpus (normally t
 data): CTranslate2 then scores only each batch's candidate target pieces instead of the
 whole vocabulary (faster; a word outside the candidates cannot be produced; see
 transformer/vocab_map.py). Needs the `ctranslate2` package: pip install
-'ctranslate2>=4' (the `export` extra). `python scripts/export.py` is the same command.
+'ctranslate2>=4' (the `export` extra).
+
+`--format hf` writes a directory that `transformers` loads offline
+(`AutoModelForSeq2SeqLM.from_pretrained(DIR)`, `AutoTokenizer`, `pipeline("translation")`):
+post-norm models as `MarianMTModel`, pre-norm ones as `PegasusForConditionalGeneration`,
+with MarianTokenizer's files and a generation_config.json of the checkpoint's beam size
+(see transformer/hf.py). Needs `safetensors` (the `hf` extra). `python scripts/export.py`
+is the same command.
 """
 
 from __future__ import annotations
@@ -24,9 +32,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..export import QUANTIZATIONS, export_ctranslate2, require_ctranslate2
+from ..hf import export_hf
 from ..translator import Translator
 from ..vocab_map import DEFAULT_ALWAYS, DEFAULT_PER_SOURCE, build_vocab_map
 from . import report_errors
+
+FORMATS = ("ctranslate2", "hf")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,9 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", nargs="+", required=True, metavar="RUN_DIR_OR_PT",
                    help="checkpoint file or run directory (its best checkpoint); several are "
                         "averaged")
-    p.add_argument("--output", type=Path, required=True, help="the CTranslate2 model directory")
+    p.add_argument("--output", type=Path, required=True, help="the model directory to write")
+    p.add_argument("--format", choices=FORMATS, default="ctranslate2",
+                   help="ctranslate2 (default) or hf (Hugging Face transformers)")
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="float32",
-                   help="weight type (default float32)")
+                   help="CTranslate2 weight type (default float32)")
     p.add_argument("--vocab-map", nargs=2, type=Path, metavar=("SRC", "TGT"),
                    help="a parallel corpus (normally the training files) to count a vocabulary "
                         "map in: CTranslate2 then decodes over candidate target pieces only")
@@ -49,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.format == "hf":
+        config = export_hf(Translator.load(args.checkpoint, device="cpu"), args.output)
+        print(f"wrote {args.output} ({config['architectures'][0]}, "
+              f"{config['vocab_size']:,} pieces)")
+        return
     require_ctranslate2()  # before loading anything
     translator = Translator.load(args.checkpoint, device="cpu")
     vocab_map = None if args.vocab_map is None else build_vocab_map(
@@ -68,4 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.vocab_map_size < 1 or args.vocab_map_always < 0:
         parser.error("--vocab-map-size must be >= 1 and --vocab-map-always >= 0")
+    if args.format == "hf" and (args.vocab_map or args.quantization != "float32"):
+        parser.error("--vocab-map and --quantization are CTranslate2 options, not for "
+                     "--format hf")
     return report_errors(lambda: run(args))
