@@ -475,12 +475,14 @@ def test_fine_tuning_an_imported_model_lowers_its_validation_loss(random_marian,
             path.write_text("\n".join(text[f"{stem}.{lang}"][:n]) + "\n")
             files.append(f"data.{split}_{side}={path}")
     tuned = tmp_path / "tuned"
-    assert transformer_main([
-        "train", "experiment=smoke", "data=files", *files, f"init_from={run}",
-        "trainer.max_updates=40", "trainer.max_epochs=null", "optim.lr=0.001",
-        "optim.warmup_updates=10", "trainer.bleu_max_sentences=20", "trainer.device=cpu",
-        "data.max_len=128",
-        f"hydra.run.dir={tuned}"]) == 0
+    overrides = ["experiment=smoke", "data=files", *files, f"init_from={run}",
+                 "trainer.max_updates=40", "trainer.max_epochs=null", "optim.lr=0.001",
+                 "optim.warmup_updates=10", "trainer.bleu_max_sentences=20",
+                 "trainer.device=cpu", "data.max_len=128", f"hydra.run.dir={tuned}"]
+    assert transformer_main(["prepare-data", *overrides]) == 0
+    stores = sorted((tuned / "cache").iterdir())
+    assert transformer_main(["train", *overrides]) == 0
+    assert sorted((tuned / "cache").iterdir()) == stores  # train found them ready
     assert not list(tuned.glob("spm*.model"))  # the imported tokenizers, no new ones
     stored = load_checkpoint(tuned / "checkpoints/checkpoint_last.pt")
     assert stored["config"]["init_from"] == str(run)

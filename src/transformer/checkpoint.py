@@ -28,6 +28,7 @@ A training run keeps, in `run_dir/checkpoints/`: `checkpoint_last.pt` (resume fr
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import pickle
 import random
@@ -45,10 +46,13 @@ from .files import atomic_write
 from .model import ModelConfig, Transformer
 from .tokenizer import Tokenizer, TokenizerPair
 
+log = logging.getLogger(__name__)
+
 FORMAT_VERSION = 1
 PathLike = Union[str, "os.PathLike[str]"]
 
-__all__ = ["save_checkpoint", "load_checkpoint", "check_model_config", "model_from_checkpoint",
+__all__ = ["save_checkpoint", "resolve_checkpoint", "load_init_checkpoint", "load_checkpoint",
+           "check_model_config", "model_from_checkpoint",
            "tokenizers_to_state", "tokenizers_from_state", "check_tokenizers",
            "stored_training_config", "stored_decoding", "inference_checkpoint",
            "average_weights", "average_checkpoints", "LAST", "BEST",
@@ -105,6 +109,30 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def resolve_checkpoint(path: PathLike) -> Path:
+    """A `.pt` file as is; a run directory -> its checkpoints/checkpoint_best.pt, or
+    checkpoint_last.pt (with a warning) when there is no best one yet. The directory may
+    also be the `checkpoints` folder itself."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    folders = [path / "checkpoints", path]
+    for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
+        for folder in folders:
+            if (folder / name).is_file():
+                if name == "checkpoint_last.pt":
+                    log.warning("%s has no checkpoint_best.pt; using %s", path, folder / name)
+                return folder / name
+    raise CheckpointError(f"no checkpoint_best.pt or checkpoint_last.pt in {path}/checkpoints")
+
+
+def load_init_checkpoint(init_from: PathLike) -> tuple[Path, dict]:
+    """(path, state) of the checkpoint a run starts from (`init_from`: a checkpoint file or
+    run directory), its tensors mapped rather than read."""
+    path = resolve_checkpoint(Path(init_from).expanduser())
+    return path, load_checkpoint(path, map_location="cpu", mmap=True)
 
 
 def load_checkpoint(path: PathLike, map_location: str | torch.device = "cpu", *,

@@ -71,8 +71,8 @@ ARCHITECTURES = {"marian": "MarianMTModel", "pegasus": "PegasusForConditionalGen
 
 # ---- names and the permutation ------------------------------------------------------------
 
-# Which axis of a weight is the model dimension, by our parameter name's ending: "in" = the
-# columns a layer reads the residual stream through, "out" = the rows (and bias) it writes.
+# Which axis of a weight is the model dimension, by our parameter name's ending: 1 = the
+# columns a layer reads the residual stream through, 0 = the rows (and bias) it writes.
 MODEL_AXIS = {"embedding.weight": 1, "output_projection.weight": 1,
               "W_q.weight": 1, "W_k.weight": 1, "W_v.weight": 1, "dense1.weight": 1,
               "W_o.weight": 0, "W_o.bias": 0, "dense2.weight": 0, "dense2.bias": 0,
@@ -195,8 +195,8 @@ def from_hf_state(hf_state: dict[str, Tensor], config: ModelConfig,
 # ---- configs ------------------------------------------------------------------------------
 
 def hf_model_config(cfg: dict[str, Any], path: PathLike = "config.json") -> ModelConfig:
-    """Our `ModelConfig` of a Marian (or Pegasus) config.json; ExportError naming the key
-    of anything our model cannot compute exactly."""
+    """Our `ModelConfig` of a Marian (or Pegasus) config.json; CheckpointError naming the
+    key of anything our model cannot compute exactly."""
     def fail(key: str, why: str) -> None:
         raise CheckpointError(f"{path}: {key}={cfg.get(key)!r} is not supported: {why}")
 

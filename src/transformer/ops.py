@@ -37,6 +37,9 @@ class Dropout(nn.Dropout):
         return X * keep.to(X.dtype).mul_(256 / (256 - threshold))
 
 
+MIN_CHUNK_ROWS = 512  # rows per chunk of the fused loss, at the least
+
+
 class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
     """Forward computes the loss and both gradients, chunk by chunk; backward scales them."""
 
@@ -91,13 +94,15 @@ def linear_label_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, target: 
     bias), target)`
     in value and gradients: the target distribution is (1 - epsilon) on the reference token
     plus epsilon / V everywhere. The softmax is computed in float32 whatever the matmul's
-    dtype (float64 stays float64). `chunk_rows` (default: ~4M logits, 16 MB, per chunk)
-    trades cache use for matmul size.
+    dtype (float64 stays float64). `chunk_rows` trades cache use for matmul size; the
+    default is ~4M logits (16 MB) per chunk, but at least MIN_CHUNK_ROWS rows: with a large
+    vocabulary (OPUS-MT's 58k pieces) fewer rows make the (V, n) @ (n, d) gradient product
+    too thin to run fast (docs/RESULTS.md).
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1] \
             or target.shape != hidden.shape[:1]:
         raise ValueError(f"expected hidden (N, d), weight (V, d) and target (N,), got "
                          f"{tuple(hidden.shape)}, {tuple(weight.shape)} and {tuple(target.shape)}")
-    chunk_rows = chunk_rows or max(1, 2 ** 22 // weight.shape[0])
+    chunk_rows = chunk_rows or max(MIN_CHUNK_ROWS, 2 ** 22 // weight.shape[0])
     return _LinearLabelSmoothedCrossEntropy.apply(hidden, weight, bias, target, float(epsilon),
                                                   chunk_rows)

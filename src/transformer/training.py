@@ -52,7 +52,6 @@ from .model import ModelConfig, Transformer, eval_mode
 from .search import search_corpus
 from .store import Batch
 from .train_log import TrainLog, ValidationMetrics, setup_logging
-from .translator import resolve_checkpoint
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -292,10 +291,8 @@ class Trainer:
     def _init_checkpoint(self) -> tuple[Path, dict] | None:
         """(path, state) of `init_from`'s checkpoint, or None. Its weights are used only
         when the run starts (a resumed run has its own), its config and tokenizers always."""
-        if self.cfg.init_from is None:
-            return None
-        path = resolve_checkpoint(Path(self.cfg.init_from).expanduser())
-        return path, ckpt.load_checkpoint(path, map_location="cpu", mmap=True)
+        return None if self.cfg.init_from is None else ckpt.load_init_checkpoint(
+            self.cfg.init_from)
 
     def _load_data(self, tokenizers) -> Data:
         """Rank 0 finds or trains the tokenizers and prepares the stores, and sends the

@@ -18,7 +18,6 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, ClassVar, TextIO, Union
 
 import torch
@@ -28,40 +27,24 @@ from .checkpoint import (
     check_tokenizers,
     load_checkpoint,
     model_from_checkpoint,
+    resolve_checkpoint,
     stored_decoding,
     stored_training_config,
     tokenizers_from_state,
 )
 from .config import DecodingSettings, TrainConfig
-from .errors import CheckpointError, DataError
+from .errors import DataError
 from .model import ModelConfig, Transformer
 from .search import DEFAULT_MAX_TOKENS, Hypothesis, search_corpus
 from .tokenizer import TokenizerPair
 
-__all__ = ["BaseTranslator", "Translator", "resolve_checkpoint", "translate_lines",
+__all__ = ["BaseTranslator", "Translator", "translate_lines",
            "format_nbest", "bleu_report", "paper_protocol"]
 
 log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
 Scored = list[tuple[str, float]]  # an n-best list: (translation, score), best first
-
-
-def resolve_checkpoint(path: PathLike) -> Path:
-    """A `.pt` file as is; a run directory -> its checkpoints/checkpoint_best.pt, or
-    checkpoint_last.pt (with a warning) when there is no best one yet. The directory may
-    also be the `checkpoints` folder itself."""
-    path = Path(path)
-    if not path.is_dir():
-        return path
-    folders = [path / "checkpoints", path]
-    for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
-        for folder in folders:
-            if (folder / name).is_file():
-                if name == "checkpoint_last.pt":
-                    log.warning("%s has no checkpoint_best.pt; using %s", path, folder / name)
-                return folder / name
-    raise CheckpointError(f"no checkpoint_best.pt or checkpoint_last.pt in {path}/checkpoints")
 
 
 def _device(device: str | torch.device) -> torch.device:

@@ -6,13 +6,15 @@ Takes the training command's configuration and run directory: it finds or trains
 SentencePiece model (on a sample of at most data.spm_max_sentences pairs) and streams every
 split into an encoded store under runs/x/cache (or data.cache_dir), exactly as `transformer
 train` would at start-up, which then finds them ready. For a large corpus, run it once
-before launching many training processes.
+before launching many training processes. With `init_from`, the tokenizers are that
+checkpoint's, as training takes them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..checkpoint import load_init_checkpoint, tokenizers_from_state
 from ..config import TrainConfig
 from ..data import load_data
 from ..train_log import setup_logging
@@ -23,7 +25,9 @@ def prepare(config: TrainConfig, run_dir: Path) -> None:
     """Build the run's tokenizer and stores, and print what each split holds."""
     cleanup = setup_logging(run_dir, rank=0)
     try:
-        data = load_data(config.data, run_dir)
+        tokenizers = None if config.init_from is None else tokenizers_from_state(
+            *reversed(load_init_checkpoint(config.init_from)))
+        data = load_data(config.data, run_dir, tokenizers=tokenizers)
     finally:
         cleanup()
     for split in ("train", "valid", "test"):
