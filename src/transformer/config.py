@@ -77,15 +77,15 @@ class ModelSettings(Hyperparameters):
         return ModelConfig(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
                            share_embeddings=share_embeddings, pad_id=special_ids.pad,
                            start_id=special_ids.start, eos_id=special_ids.eos,
-                           **architecture(self))
+                           **_architecture(self))
 
     @classmethod
     def of(cls, config: ModelConfig, name: str) -> ModelSettings:
         """The `model` group that describes `config`'s architecture."""
-        return cls(name=name, **architecture(config))
+        return cls(name=name, **_architecture(config))
 
 
-def architecture(config: Hyperparameters) -> dict[str, Any]:
+def _architecture(config: Hyperparameters) -> dict[str, Any]:
     """The `Hyperparameters` fields of a model config or setting."""
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(Hyperparameters)}
 

@@ -30,6 +30,7 @@ UNK_ID = 1
 BOS_ID = 2  # "<s>"
 EOS_ID = 3  # "</s>"
 
+
 @dataclass(frozen=True)
 class SpecialIds:
     """The ids with a role. `start` is the decoder's first input (`<s>` in the package's
