@@ -233,7 +233,6 @@ def reusing_venv(directory: Path) -> Path:
     (as `--system-site-packages` would for a system Python); packages installed into it come
     first. Returns its python."""
     import site
-    import sysconfig  # noqa: F401  (the new python reports its own paths)
     import venv
 
     venv.create(directory, with_pip=False)

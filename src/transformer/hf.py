@@ -162,11 +162,11 @@ def _unpruned_state(model: Transformer) -> dict[str, Tensor]:
     return state
 
 
-def from_hf_state(hf_state: dict[str, Tensor], config: ModelConfig,
+def from_hf_state(hf_state: dict[str, Tensor], model: Transformer,
                   path: PathLike = "model") -> dict[str, Tensor]:
-    """Our state dict from Hugging Face's tensors (the inverse of `to_hf_state`);
-    CheckpointError naming the first missing tensor."""
-    model = Transformer(config)  # for the names and shapes only
+    """The state dict for `model` (its names and shapes) from Hugging Face's tensors (the
+    inverse of `to_hf_state`); CheckpointError naming the first missing tensor."""
+    config = model.config
     inverse = torch.argsort(permutation(config.num_hiddens))
     shared = next((hf_state[k] for k in ("model.shared.weight", "model.encoder.embed_tokens.weight",
                                          "model.decoder.embed_tokens.weight", "lm_head.weight")
@@ -384,7 +384,7 @@ def import_hf(directory: PathLike) -> dict[str, Any]:
     config = hf_model_config(_read_json(directory / "config.json"), directory / "config.json")
     tokenizers = read_hf_tokenizers(directory, config)
     model = Transformer(config)
-    model.load_state_dict(from_hf_state(_read_weights(directory), config, directory))
+    model.load_state_dict(from_hf_state(_read_weights(directory), model, directory))
     decoding = DecodingSettings()
     generation = directory / "generation_config.json"
     beams = _read_json(generation).get("num_beams") if generation.is_file() else None

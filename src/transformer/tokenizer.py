@@ -12,6 +12,7 @@ from the constants below.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -216,7 +217,7 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._sp.get_piece_size() if self._pieces is None else len(self._pieces)
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
         """SHA-256 of the model bytes and any id table (keys encoded-corpus caches)."""
         digest = hashlib.sha256(self.to_bytes())

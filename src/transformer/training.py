@@ -251,7 +251,7 @@ class Trainer:
         self.data = self._load_data(None if start is None else
                                     ckpt.tokenizers_from_state(start[1], start[0]))
         torch.manual_seed(cfg.seed)  # the same initial model on every rank
-        self.model = self._build_model(init).to(self.device)
+        self.model = self._build_model(init, load_weights=resume is None).to(self.device)
         self.optimizer = build_optimizer(self.model, cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(cfg.optim.schedule, cfg.optim.warmup_updates,
@@ -313,17 +313,20 @@ class Trainer:
             dist.barrier()
         return data
 
-    def _build_model(self, init: tuple[Path, dict] | None) -> Transformer:
-        """A new model from the config, or `init`'s (its pruned heads and weights too)."""
+    def _build_model(self, init: tuple[Path, dict] | None, load_weights: bool) -> Transformer:
+        """A new model from the config, or `init`'s (its pruned heads too), with `init`'s
+        weights when `load_weights` (a resumed run restores its own instead)."""
         toks = self.data.tokenizers
-        if init is None:
-            config = self.cfg.model.to_model_config(
-                toks.src.vocab_size, toks.tgt.vocab_size,
-                share_embeddings=self.cfg.data.joint_vocab, special_ids=toks.tgt.specials)
-            model = Transformer(config)
-        else:
+        if init is not None and load_weights:
             model = ckpt.model_from_checkpoint(init[1], init[0])
             log.info("initialized from %s", init[0])
+        else:
+            config = (ModelConfig.from_dict(init[1]["model_config"]) if init is not None else
+                      self.cfg.model.to_model_config(
+                          toks.src.vocab_size, toks.tgt.vocab_size,
+                          share_embeddings=self.cfg.data.joint_vocab,
+                          special_ids=toks.tgt.specials))
+            model = Transformer(config)
         ckpt.check_tokenizers(model.config, toks, init[0] if init else "the run's tokenizer")
         log.info("model %s: %s parameters, %s", self.cfg.model.name,
                  f"{model.num_parameters():,}", model.config)

@@ -25,8 +25,10 @@ def prepare(config: TrainConfig, run_dir: Path) -> None:
     """Build the run's tokenizer and stores, and print what each split holds."""
     cleanup = setup_logging(run_dir, rank=0)
     try:
-        tokenizers = None if config.init_from is None else tokenizers_from_state(
-            *reversed(load_init_checkpoint(config.init_from)))
+        tokenizers = None
+        if config.init_from is not None:
+            path, state = load_init_checkpoint(config.init_from)
+            tokenizers = tokenizers_from_state(state, path)
         data = load_data(config.data, run_dir, tokenizers=tokenizers)
     finally:
         cleanup()
