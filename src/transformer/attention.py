@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -189,28 +188,87 @@ class DotProductAttention(nn.Module):
         return torch.bmm(self.dropout(self.attention_weights), values)
 
 
-@dataclass
 class KVCache:
-    """Keys and values of past decoding steps, (batch, num_heads, steps, head_dim) each.
+    """Keys and values of past decoding steps; `keys`/`values` are (batch, num_heads, steps,
+    head_dim).
 
-    `static=False` (decoder self-attention): each call appends the new step's keys/values.
+    `static=False` (decoder self-attention): each call appends the new steps. They are
+    stored steps-first, (steps, batch, num_heads, head_dim), in a buffer with room for more
+    steps, so appending writes one slice in place, and `keys`/`values` are views of it.
+    Reordering the batch (beam search) is one `index_select` of the filled steps into a
+    second buffer, which then becomes the current one: no copy per step besides that, and
+    no allocation once the buffers are large enough.
     `static=True` (encoder-decoder attention): the encoder output is projected on the
     first call and reused on every later call.
     """
 
-    static: bool = False
-    keys: Tensor | None = None
-    values: Tensor | None = None
+    def __init__(self, static: bool = False):
+        self.static = static
+        self.keys: Tensor | None = None
+        self.values: Tensor | None = None
+        self.length = 0  # steps cached
+        # self-attention: flat storage, [current, spare] for keys and for values
+        self._key_buffers: list[Tensor] = []
+        self._value_buffers: list[Tensor] = []
 
-    @property
-    def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Cache new steps' k, v (batch, heads, new_steps, head_dim) -> all steps' keys
+        and values (batch, heads, steps, head_dim)."""
+        if self.static:
+            self.keys, self.values, self.length = k, v, k.shape[2]
+            return k, v
+        batch, heads, new, head_dim = k.shape
+        end = self.length + new
+        if not self._key_buffers or self._key_buffers[0].numel() < end * batch * heads * head_dim:
+            self._grow(2 * end, k)
+        shape = (end, batch, heads, head_dim)
+        keys, values = _prefix(self._key_buffers[0], shape), _prefix(self._value_buffers[0], shape)
+        keys[self.length:] = k.permute(2, 0, 1, 3)
+        values[self.length:] = v.permute(2, 0, 1, 3)
+        self.length = end
+        self.keys, self.values = keys.permute(1, 2, 0, 3), values.permute(1, 2, 0, 3)
+        return self.keys, self.values
 
     def reorder(self, index: Tensor) -> None:
-        """Select batch rows (e.g. surviving beams) in place."""
-        if self.keys is not None:
+        """Select batch rows (e.g. surviving beams), in place."""
+        if self.keys is None:
+            return
+        if self.static:
             self.keys = self.keys.index_select(0, index)
             self.values = self.values.index_select(0, index)
+            return
+        batch, heads, length, head_dim = self.keys.shape
+        reordered = []
+        for buffers in (self._key_buffers, self._value_buffers):
+            current = _prefix(buffers[0], (length, batch, heads, head_dim))
+            shape = (length, len(index), heads, head_dim)
+            if buffers[1].numel() < math.prod(shape):  # more rows than before (beams)
+                buffers[1] = buffers[0].new_empty(2 * math.prod(shape))
+            spare = _prefix(buffers[1], shape)
+            if current.requires_grad:  # out= is not differentiable
+                spare.copy_(current.index_select(1, index))
+            else:
+                torch.index_select(current, 1, index, out=spare)
+            buffers.reverse()
+            reordered.append(spare.permute(1, 2, 0, 3))  # (new batch, heads, steps, hd)
+        self.keys, self.values = reordered
+
+    def _grow(self, steps: int, like: Tensor) -> None:
+        """Buffers with room for `steps` steps of `like`'s batch, keeping the cached ones."""
+        size = steps * like.shape[0] * like.shape[1] * like.shape[3]
+        old = (self.keys, self.values)
+        self._key_buffers = [like.new_empty(size), like.new_empty(size)]
+        self._value_buffers = [like.new_empty(size), like.new_empty(size)]
+        if self.keys is not None:
+            for buffers, cached in zip((self._key_buffers, self._value_buffers), old,
+                                       strict=True):
+                steps_first = cached.permute(2, 0, 1, 3)  # (steps, batch, heads, head_dim)
+                _prefix(buffers[0], steps_first.shape).copy_(steps_first)
+
+
+def _prefix(buffer: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """The start of a flat buffer viewed as a contiguous tensor of `shape`."""
+    return buffer[:math.prod(shape)].view(shape)
 
 
 # PyTorch's fused CPU kernel loses to two bmm's when there are few keys, so on CPU shorter
@@ -381,10 +439,7 @@ class MultiHeadAttention(nn.Module):
             k = _split_heads(self.W_k(keys), h)
             v = _split_heads(self.W_v(values), h)
         if cache is not None:
-            if not cache.static and cache.keys is not None:
-                k = torch.cat([cache.keys, k], dim=2)
-                v = torch.cat([cache.values, v], dim=2)
-            cache.keys, cache.values = k, v
+            k, v = cache.append(k, v)
         return q, k, v
 
     def _explicit_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:

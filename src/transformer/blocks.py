@@ -109,8 +109,11 @@ class DecoderBlock(nn.Module):
 
     def forward(self, X: Tensor, enc_outputs: Tensor, enc_valid_lens: Tensor | None,
                 cache: LayerCache | None = None) -> Tensor:
-        """X (batch, tgt_len, num_hiddens), enc_outputs (batch, src_len, num_hiddens).
+        """X (rows, tgt_len, num_hiddens), enc_outputs (batch, src_len, num_hiddens).
 
+        X may hold several rows per source sentence, sentence after sentence (beam search's
+        hypotheses: rows = batch x beams): then each group of rows reads its sentence's
+        encoder output, which is stored (and its keys/values projected) once per sentence.
         With `cache`, X holds only the new steps; earlier steps come from the cache.
         """
         self_cache = cache.self_attention if cache is not None else None
@@ -118,6 +121,13 @@ class DecoderBlock(nn.Module):
         Y = self.addnorm1.residual(
             X, lambda x: self.attention1(x, x, x, causal=True, cache=self_cache))
         Z = self.addnorm2.residual(
-            Y, lambda y: self.attention2(y, enc_outputs, enc_outputs, enc_valid_lens,
-                                         cache=cross_cache))
+            Y, lambda y: self._cross_attention(y, enc_outputs, enc_valid_lens, cross_cache))
         return self.addnorm3.residual(Z, self.ffn)
+
+    def _cross_attention(self, Y: Tensor, enc_outputs: Tensor, enc_valid_lens: Tensor | None,
+                         cache: KVCache | None) -> Tensor:
+        """Encoder-decoder attention; a sentence's rows are read as one row of more queries."""
+        rows, steps, d = Y.shape
+        queries = Y.reshape(enc_outputs.shape[0], -1, d)  # (batch, rows / batch * steps, d)
+        out = self.attention2(queries, enc_outputs, enc_outputs, enc_valid_lens, cache=cache)
+        return out.reshape(rows, steps, d)

@@ -76,9 +76,10 @@ def max_output_lengths(src_valid_lens: Tensor, max_len_a: float, max_len_b: int,
     return lengths.clamp(min=1, max=max_positions - 1)
 
 
-def _next_log_probs(model: Transformer, tokens: Tensor, enc_outputs: Tensor,
-                    src_valid_lens: Tensor, cache: list[LayerCache] | None) -> Tensor:
-    """Log-probs of the next token after each row of `tokens` (rows, steps) -> (rows, vocab).
+def _next_logits(model: Transformer, tokens: Tensor, enc_outputs: Tensor,
+                 src_valid_lens: Tensor, cache: list[LayerCache] | None) -> Tensor:
+    """Float logits of the next token after each row of `tokens` (rows, steps) ->
+    (rows, vocab), PAD and the start token at -inf (never generated).
 
     With `cache` only the last token is fed; without, the decoder re-reads the whole prefix.
     """
@@ -88,19 +89,20 @@ def _next_log_probs(model: Transformer, tokens: Tensor, enc_outputs: Tensor,
         hidden = model.decoder(tokens, enc_outputs, src_valid_lens)[:, -1]  # (rows, d)
         logits = model.output_projection(hidden)
     c = model.config
-    never = torch.tensor(sorted({c.pad_id, c.start_id}), device=logits.device)
-    logits = logits.float().index_fill_(1, never, float("-inf"))  # a fresh tensor: in place
-    return torch.log_softmax(logits, dim=-1)
+    logits = logits.float()
+    logits[:, c.pad_id] = float("-inf")  # a fresh tensor: in place
+    logits[:, c.start_id] = float("-inf")
+    return logits
 
 
-def _select_cache(cache: list[LayerCache] | None, index: Tensor, *,
-                  cross_attention: bool) -> None:
-    """Keep/reorder the cache rows `index`; the cross-attention part only if asked."""
+def _select_cache(cache: list[LayerCache] | None, rows: Tensor,
+                  sentences: Tensor | None = None) -> None:
+    """Keep/reorder the self-attention cache `rows`, and the cross-attention cache (one
+    row per sentence) `sentences`, where given."""
     for layer in cache or ():
-        if cross_attention:
-            layer.reorder(index)
-        else:
-            layer.self_attention.reorder(index)
+        layer.self_attention.reorder(rows)
+        if sentences is not None:
+            layer.cross_attention.reorder(sentences)
 
 
 @torch.no_grad()
@@ -119,8 +121,8 @@ def greedy_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
         tokens = torch.full((src.shape[0], 1), start, dtype=torch.long, device=src.device)
         sentence = torch.arange(src.shape[0], device=src.device)  # original index of each row
         for step in range(int(max_lens.max())):
-            log_probs = _next_log_probs(model, tokens, enc_outputs, src_valid_lens, cache)
-            next_tokens = log_probs.argmax(-1)  # (rows,)
+            next_tokens = _next_logits(model, tokens, enc_outputs, src_valid_lens,
+                                       cache).argmax(-1)  # (rows,)
             tokens = torch.cat([tokens, next_tokens[:, None]], 1)  # (rows, 2 + step)
             done = (next_tokens == eos) | (max_lens == step + 1)
             if not bool(done.any()):
@@ -134,7 +136,7 @@ def greedy_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
             tokens, enc_outputs, src_valid_lens, max_lens, sentence = (
                 x.index_select(0, keep)
                 for x in (tokens, enc_outputs, src_valid_lens, max_lens, sentence))
-            _select_cache(cache, keep, cross_attention=True)
+            _select_cache(cache, keep, keep)
     return outputs
 
 
@@ -163,30 +165,23 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
     scores = torch.zeros(num_sentences, 1, device=device)  # (a, rows per sentence)
     slots = torch.arange(k, device=device)
     with eval_mode(model):
-        # Step 0 runs one row per sentence (so encoder-decoder keys/values are projected once
-        # per sentence), then every row is copied to its sentence's k beams: rows a * k + j.
-        # Beams never leave their sentence, so the encoder outputs and the cross-attention
-        # cache are identical across a sentence's rows and need no reordering after that.
+        # Step 0 runs one row per sentence, then each row becomes its sentence's k beams:
+        # rows a * k + j. The encoder outputs and the cross-attention cache keep one row
+        # per sentence: the decoder reads a sentence's rows as one row of k queries there.
         enc_outputs = model.encode(src, src_valid_lens)
         cache = model.new_cache() if use_cache else None
         tokens = torch.full((num_sentences, 1), start, dtype=torch.long, device=device)
         for step in range(int(max_lens.max()) + 1):
             num_active, width = scores.shape
-            log_probs = _next_log_probs(model, tokens, enc_outputs, src_valid_lens, cache)
-            at_limit = max_lens == step  # (a,) these sentences must end now
-            if bool(at_limit.any()):
-                _only_eos(log_probs, at_limit.repeat_interleave(width).nonzero().squeeze(1),
-                          eos)
-            top_scores, beam, token = _top_candidates(scores, log_probs, k)  # (a, k) each
+            logits = _next_logits(model, tokens, enc_outputs, src_valid_lens, cache)
+            at_limit = (max_lens == step).repeat_interleave(width)  # (rows,) must end now
+            top_scores, beam, token = _top_candidates(scores, logits, k, at_limit, eos)
             # The shrinking beam: the best `budget` candidates go on (or end, with EOS).
             accepted = (slots[None] < budget[:, None]) & (top_scores > float("-inf"))
             ended = accepted & (token == eos)
             rows = (torch.arange(num_active, device=device)[:, None] * width + beam).view(-1)
             tokens = torch.cat([tokens.index_select(0, rows), token.view(-1, 1)], 1)
-            _select_cache(cache, rows, cross_attention=step == 0)
-            if step == 0:
-                enc_outputs, src_valid_lens = (x.index_select(0, rows)
-                                               for x in (enc_outputs, src_valid_lens))
+            _select_cache(cache, rows)
             if bool(ended.any()):
                 _collect(finished, kth_score, ended, tokens, top_scores, sentence, step,
                          alpha, nbest)
@@ -201,36 +196,42 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
             if bool(done.any()):
                 keep = (~done).nonzero().squeeze(1)  # active sentences that go on
                 keep_rows = (keep[:, None] * k + slots).view(-1)
-                scores, budget, kth_score, max_lens, sentence = (
-                    x.index_select(0, keep)
-                    for x in (scores, budget, kth_score, max_lens, sentence))
-                tokens, enc_outputs, src_valid_lens = (
-                    x.index_select(0, keep_rows) for x in (tokens, enc_outputs, src_valid_lens))
-                _select_cache(cache, keep_rows, cross_attention=True)
+                scores, budget, kth_score, max_lens, sentence, enc_outputs, src_valid_lens = (
+                    x.index_select(0, keep) for x in (scores, budget, kth_score, max_lens,
+                                                      sentence, enc_outputs, src_valid_lens))
+                tokens = tokens.index_select(0, keep_rows)
+                _select_cache(cache, keep_rows, keep)
     return [hyps[:nbest] for hyps in finished]
 
 
-def _top_candidates(scores: Tensor, log_probs: Tensor,
-                    k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The k best continuations per sentence, best first: scores (a, width) and log_probs
-    (a * width, vocab) -> cumulative scores, source row within the sentence, token; each
-    (a, k). Missing candidates (k > width * vocab: tiny test vocabularies) score -inf.
-    `log_probs` is overwritten (it becomes the candidates' scores)."""
+def _top_candidates(scores: Tensor, logits: Tensor, k: int, at_limit: Tensor,
+                    eos: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The k best continuations per sentence, best first: scores (a, width), next-token
+    logits (a * width, vocab) -> cumulative scores, source row within the sentence, token;
+    each (a, k). Rows `at_limit` (a * width,) may continue with EOS only. Missing
+    candidates (k > width * vocab: tiny test vocabularies) score -inf.
+
+    Only each row's own k best tokens can be among its sentence's k best, so the whole
+    vocabulary is read twice per row (its log-sum-exp, its top k), and the log-probs are
+    computed for those k tokens only: log p = logit - logsumexp.
+    """
     num_active, width = scores.shape
-    vocab_size = log_probs.shape[1]
-    candidates = log_probs.add_(scores.view(-1, 1)).view(num_active, width * vocab_size)
-    top_scores, top_index = candidates.topk(min(k, width * vocab_size), dim=1)
+    per_row = min(k, logits.shape[1])
+    log_norm = logits.logsumexp(-1, keepdim=True)  # (rows, 1)
+    top_logits, top_tokens = logits.topk(per_row, dim=1)  # (rows, per_row)
+    log_probs = top_logits - log_norm
+    eos_only = torch.full_like(log_probs, float("-inf"))
+    eos_only[:, 0] = logits[:, eos] - log_norm[:, 0]
+    log_probs = torch.where(at_limit[:, None], eos_only, log_probs)
+    top_tokens = torch.where(at_limit[:, None], eos, top_tokens)
+    candidates = (log_probs + scores.view(-1, 1)).view(num_active, width * per_row)
+    top_scores, top_index = candidates.topk(min(k, width * per_row), dim=1)
+    token = top_tokens.view(num_active, -1).gather(1, top_index)
     if top_scores.shape[1] < k:
         top_scores = F.pad(top_scores, (0, k - top_scores.shape[1]), value=float("-inf"))
         top_index = F.pad(top_index, (0, k - top_index.shape[1]), value=0)
-    return top_scores, top_index // vocab_size, top_index % vocab_size
-
-
-def _only_eos(log_probs: Tensor, rows: Tensor, eos: int) -> None:
-    """Let `rows` of log_probs (rows, vocab) continue with EOS only (its log-prob kept)."""
-    kept = log_probs[rows, eos]
-    log_probs[rows] = float("-inf")
-    log_probs[rows, eos] = kept
+        token = F.pad(token, (0, k - token.shape[1]), value=eos)
+    return top_scores, top_index // per_row, token
 
 
 def _collect(finished: list[list[Hypothesis]], kth_score: Tensor, ended: Tensor,
