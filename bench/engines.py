@@ -1,20 +1,28 @@
 """Benchmark: our PyTorch engine vs CTranslate2 float32 and int8 exports of the same model,
 each also with a vocabulary map (counted in Multi30k's training pairs), on Multi30k
-test_2016_flickr (en -> de), beam 5, CPU, in one run.
+test_2016_flickr (en -> de), beam 5, CPU, in one run; and the decoding modes (sampling,
+alignments) of both engines.
 
-For each thread count (default 1 and 2) and engine, a fresh subprocess loads the model,
+For each thread count (default 1 and 2) and row, a fresh subprocess loads the model,
 warms up on 8 sentences, then translates the whole test set (best of --repeats); all of that
---rounds times over, engine after engine, so a slow minute of the machine does not fall on
-one engine only; each row is its fastest run. Reported: sentences/s,
+--rounds times over, row after row, so a slow minute of the machine does not fall on
+one row only; each row is its fastest run. Reported: sentences/s,
 target tokens/s (output pieces + EOS, re-encoded from the text), peak RSS of that process,
 model size on disk (our checkpoint file; CTranslate2's model.bin) and cased sacreBLEU. Ratios
-are against our engine at the same thread count, measured in this run. The exports are made
-here from --checkpoint with scripts/export.py's code. Both engines decode with the same
-settings (beam 5, the checkpoint's alpha, max length 1.5 * source + 10, batches of
---max-tokens source tokens); see transformer/engines.py for how the searches are matched.
+are against our engine's beam search at the same thread count, measured in this run. The
+exports are made here from --checkpoint with scripts/export.py's code. Both engines decode
+with the same settings (beam 5, the checkpoint's alpha, max length 1.5 * source + 10, batches
+of --max-tokens source tokens); see transformer/engines.py for how the searches are matched.
+
+Rows: each engine's beam search; "sampling" (top-k 10, seed 1: back-translation's setting)
+and "+ alignment" (beam search, each output also word-aligned) for ours and CTranslate2
+float32; with `--baseline-src DIR`, "torch baseline": our engine as the package in DIR/src
+decodes (e.g. a `git worktree` of an earlier commit), for speed-ups measured in the same run.
+`--rows` picks rows by name.
 
     python bench/engines.py [--checkpoint RUN_OR_PT] [--data-root DIR] [--threads 1 2]
                             [--sentences 1000] [--repeats 3] [--rounds 2] [--profile]
+                            [--baseline-src DIR] [--rows "torch" "ct2 float32" ...]
 
 `--profile` also prints where our engine's time goes (torch.profiler, operators by self CPU
 time, at the smallest thread count: the least disturbed by other processes).
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -47,10 +56,27 @@ from transformer.vocab_map import DEFAULT_PER_SOURCE, build_vocab_map
 DEFAULT_CHECKPOINT = str(Path(__file__).resolve().parents[2]
                          / "runs/ref/checkpoints/checkpoint_best.pt")
 MAPPED = "ct2 int8 + vmap"
+BASELINE = "torch baseline"
 # name -> export (quantization, with a vocabulary map)
 ENGINES = {"torch": None, "ct2 float32": ("float32", False),
            "ct2 float32 + vmap": ("float32", True), "ct2 int8": ("int8", False),
            MAPPED: ("int8", True)}
+MODES = ("", " sampling", " + alignment")
+# row -> (engine, mode)
+ROWS = {name: (name, "") for name in ENGINES}
+ROWS |= {f"{name}{mode}": (name, mode) for name in ("torch", "ct2 float32")
+         for mode in MODES if mode}
+
+
+def mode_options(mode: str) -> dict:
+    """`translate` options of a mode (imported here: the baseline package may lack them)."""
+    if mode == " sampling":
+        from transformer.search import Sampling
+        return {"sampling": Sampling(topk=10, seed=1)}
+    if mode == " + alignment":
+        from transformer.alignment import AlignmentOptions
+        return {"alignment": AlignmentOptions()}
+    return {}
 INT8 = ("ct2 int8", MAPPED)
 FLOAT32 = ("ct2 float32", "ct2 float32 + vmap")
 # sentences/s vs ours at 2 threads
@@ -65,13 +91,14 @@ def test_lines(root: str, lang: str) -> list[str]:
 
 
 def child(args: argparse.Namespace) -> None:
-    """One engine at one thread count: time it, report speed, memory and the output."""
+    """One row at one thread count: time it, report speed, memory and the output."""
     threads = args.threads[0]
     torch.set_num_threads(threads)
-    engine = "torch" if ENGINES[args.child] is None else "ctranslate2"
+    name, mode = ROWS.get(args.child, ("torch", ""))  # the baseline: our beam search
+    engine = "torch" if ENGINES[name] is None else "ctranslate2"
     translator = load_translator(args.model, engine, device="cpu", threads=threads)
     lines = test_lines(args.data_root, "en")[:args.sentences]
-    options = {"beam_size": 5, "max_tokens": args.max_tokens}
+    options = {"beam_size": 5, "max_tokens": args.max_tokens, **mode_options(mode)}
     translator.translate(lines[:8], **options)  # warm-up
     reset_peak_rss()
     seconds = []
@@ -88,7 +115,11 @@ def run(name: str, model: str, threads: int, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", name, "--model", model, "--threads",
            str(threads), "--data-root", args.data_root, "--sentences", str(args.sentences),
            "--repeats", str(args.repeats), "--max-tokens", str(args.max_tokens)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    env = dict(os.environ)
+    if name == BASELINE:  # that package first on the path, ahead of the installed one
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(args.baseline_src) / "src"),
+                                             env.get("PYTHONPATH", "")])
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -134,6 +165,10 @@ def main() -> None:
                         help="passes over all engines, one process each; the best counts")
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--baseline-src", metavar="DIR",
+                        help="also time our beam search as the package in DIR/src decodes")
+    parser.add_argument("--rows", nargs="+", choices=[*ROWS, BASELINE], metavar="ROW",
+                        help=f"rows to run (default: all): {', '.join(ROWS)}")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -147,34 +182,40 @@ def main() -> None:
     print(f"torch {torch.__version__}; checkpoint {args.checkpoint} "
           f"({translator.model.num_parameters():,} parameters); {len(refs)} sentences of "
           f"test_2016_flickr, beam 5, alpha {translator.decoding.alpha:g}")
+    rows = args.rows or [*ROWS, *([BASELINE] if args.baseline_src else [])]
+    if BASELINE in rows and not args.baseline_src:
+        parser.error(f"the row {BASELINE!r} needs --baseline-src")
+    rows = ["torch", *(row for row in rows if row != "torch")]  # the reference, always
+    engine_of = {row: ROWS.get(row, ("torch", ""))[0] for row in rows}
     with tempfile.TemporaryDirectory() as tmp:
         models = {"torch": args.checkpoint}
         root = Path(args.data_root).expanduser()
         vocab_map = build_vocab_map(translator.tokenizers, root / "train.en.gz",
                                     root / "train.de.gz")
         for name, export in ENGINES.items():
-            if export:
+            if export and name in engine_of.values():
                 quantization, mapped = export
                 models[name] = str(Path(tmp) / f"{quantization}{'-vmap' * mapped}")
                 export_ctranslate2(translator, models[name], quantization=quantization,
                                    vocab_map=vocab_map if mapped else None)
-        sizes = {name: Path(path if name == "torch" else Path(path) / "model.bin").stat().st_size
-                 for name, path in models.items()}
-        map_size = (Path(models[MAPPED]) / VOCAB_MAP).stat().st_size
+        sizes = {row: Path(models[name] if name == "torch" else
+                           Path(models[name]) / "model.bin").stat().st_size
+                 for row, name in engine_of.items()}
+        map_size = (Path(models[MAPPED]) / VOCAB_MAP).stat().st_size if MAPPED in rows else 0
         results: dict[tuple[int, str], dict] = {}
         for _ in range(args.rounds):
             for threads in args.threads:
-                for name in ENGINES:
-                    r = run(name, models[name], threads, args)
-                    best = results.get((threads, name))
+                for row in rows:
+                    r = run(row, models[engine_of[row]], threads, args)
+                    best = results.get((threads, row))
                     if best is None or r["seconds"] < best["seconds"]:
-                        results[threads, name] = r
+                        results[threads, row] = r
     bleu = {key: sacrebleu.corpus_bleu(r["hyps"], [refs]).score for key, r in results.items()}
-    print(f"{'engine':<20}{'threads':>8}{'sent/s':>9}{'tok/s':>9}{'vs ours':>9}"
+    print(f"{'row':<24}{'threads':>8}{'sent/s':>9}{'tok/s':>9}{'vs ours':>9}"
           f"{'peak RSS MiB':>14}{'size MiB':>10}{'BLEU':>7}")
     speed = {key: args.sentences / r["seconds"] for key, r in results.items()}
     for (threads, name), r in results.items():
-        print(f"{name:<20}{threads:>8}{speed[threads, name]:>9.1f}"
+        print(f"{name:<24}{threads:>8}{speed[threads, name]:>9.1f}"
               f"{r['tokens'] / r['seconds']:>9.0f}"
               f"{speed[threads, name] / speed[threads, 'torch']:>9.2f}"
               f"{r['peak_rss_mib']:>14.0f}{sizes[name] / 2**20:>10.1f}{bleu[threads, name]:>7.2f}")
@@ -182,26 +223,38 @@ def main() -> None:
           f"the vocabulary map (vmap.txt, {map_size / 2**20:.2f} MiB beside model.bin): "
           f"{len(vocab_map.candidates):,} source pieces, <= {DEFAULT_PER_SOURCE} candidates "
           f"each + {len(vocab_map.always)} always, from {vocab_map.pairs:,} training pairs")
+    top = max(args.threads)
+    if "ct2 float32" in rows:
+        print(f"ours / ct2 float32 (exact beam search, {top} thread(s)): "
+              f"{speed[top, 'torch'] / speed[top, 'ct2 float32']:.2f}x")
+    if BASELINE in rows:
+        same = results[top, "torch"]["hyps"] == results[top, BASELINE]["hyps"]
+        print(f"ours / {BASELINE} ({args.baseline_src}, {top} thread(s)): "
+              f"{speed[top, 'torch'] / speed[top, BASELINE]:.2f}x; outputs "
+              f"{'identical' if same else 'DIFFERENT'}")
     loads = (load_before, load_average())
     print(f"load average before/after: {loads[0]:.1f}/{loads[1]:.1f}"
           + ("  -- other processes were using the CPU: rerun on a quiet machine (a thread "
              "that loses its core stalls every operation, above all with 2 threads)"
              if max(loads) > 1.5 else ""))
-    top = max(args.threads)
     for name, target in TARGETS.items():
+        if name not in rows:
+            continue
         ratio = speed[top, name] / speed[top, "torch"]
         print(f"{'PASS' if ratio >= target else 'FAIL'}  {name} >= {target:g}x our "
               f"sentences/s at {top} thread(s): {ratio:.2f}x")
-    for name in FLOAT32:  # beam search within 0.2 BLEU of ours
+    for name in (n for n in FLOAT32 if n in rows):  # beam search within 0.2 BLEU of ours
         delta = bleu[top, name] - bleu[top, "torch"]
         print(f"{'PASS' if abs(delta) <= FLOAT32_MAX_BLEU_DIFF else 'FAIL'}  {name} BLEU "
               f"within {FLOAT32_MAX_BLEU_DIFF} of ours: {delta:+.2f}")
-    for name in INT8:
+    for name in (n for n in INT8 if n in rows):
         drop = bleu[top, "torch"] - bleu[top, name]
         print(f"{'PASS' if drop <= INT8_MAX_BLEU_DROP else 'FAIL'}  {name} BLEU within "
               f"{INT8_MAX_BLEU_DROP} of ours: {-drop:+.2f}")
         for reference, what in (("torch", "the float32 checkpoint file (with optimizer state)"),
                                 ("ct2 float32", "the float32 weights alone (float32 model.bin)")):
+            if reference not in rows:
+                continue
             share = sizes[name] / sizes[reference]
             print(f"{'PASS' if share <= INT8_MAX_SIZE else 'FAIL'}  {name} model.bin <= "
                   f"{INT8_MAX_SIZE:.0%} of {what}: {share:.1%}")

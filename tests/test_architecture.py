@@ -28,7 +28,7 @@ LAYERS = [
     {"model"},
     {"config"},
     {"checkpoint", "vocabulary"},
-    {"data", "search", "loss", "attention_maps", "vocab_map"},
+    {"data", "search", "loss", "attention_maps", "alignment", "vocab_map"},
     {"translator"},
     {"heads", "evaluation", "export", "hf", "serve"},
     {"training", "engines"},

@@ -16,6 +16,7 @@ import pytest
 import sacrebleu
 import torch
 
+from transformer.alignment import AlignmentOptions
 from transformer.checkpoint import inference_checkpoint, save_checkpoint
 from transformer.cli import export as export_command
 from transformer.cli import translate as translate_command
@@ -24,6 +25,7 @@ from transformer.engines import CTranslate2Translator, load_translator
 from transformer.errors import ExportError
 from transformer.export import VOCAB_MAP, export_ctranslate2, read_export
 from transformer.model import ModelConfig, Transformer
+from transformer.search import Sampling
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, TokenizerPair
 from transformer.translator import Translator, translate_lines
 from transformer.vocab_map import MIN_PAIRS, VocabMap, build_vocab_map
@@ -110,6 +112,54 @@ def test_float32_beam_within_0_2_bleu(torch_translator, ct2, test_text):
     theirs = ct2["float32"].translate(src, beam_size=5, alpha=1.0)
     assert abs(bleu(theirs, refs) - bleu(ours, refs)) <= 0.2
     assert same_fraction(ours, theirs) >= 0.9
+
+
+def test_greedy_with_prefixes_is_our_greedy(torch_translator, ct2, test_text):
+    """A target prefix (the reference's first two words) forces the same start in both
+    engines, and greedy search goes on from it the same way."""
+    src, refs = test_text[0][:200], test_text[1][:200]
+    prefixes = [" ".join(ref.split()[:2]) if i % 3 else "" for i, ref in enumerate(refs)]
+    ours = torch_translator.translate(src, beam_size=1, prefixes=prefixes)
+    theirs = ct2["float32"].translate(src, beam_size=1, prefixes=prefixes)
+    assert same_fraction(ours, theirs) >= 0.99
+    for out, prefix in zip(ours, prefixes, strict=True):
+        assert out.startswith(prefix)
+    beam = ct2["float32"].translate(src[:20], beam_size=4, prefixes=prefixes[:20])
+    assert all(out.startswith(prefix) for out, prefix in zip(beam, prefixes[:20], strict=True))
+
+
+def test_scores_agree_within_1e_3_per_token(torch_translator, ct2, test_text):
+    src, refs = test_text[0][:100], test_text[1][:100]
+    ours = torch_translator.score(src, refs, alpha=1.0)
+    theirs = ct2["float32"].score(src, refs, alpha=1.0)
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.tokens == b.tokens
+        assert b.log_prob == pytest.approx(a.log_prob, abs=1e-3 * (len(a.tokens) + 1))
+        assert b.score == pytest.approx(a.log_prob / ((5 + len(a.tokens) + 1) / 6), rel=1e-3)
+
+
+def test_alignments_and_sampling_through_ctranslate2(torch_translator, ct2, exports,
+                                                    test_text):
+    """CTranslate2's `return_attention` is the last layer's attention averaged over heads,
+    as ours: the same word alignments; top-k 1 is greedy, and a fresh engine repeats its
+    draws for a seed."""
+    src = test_text[0][:100]
+    ours = torch_translator.translations(src, beam_size=1, alignment=AlignmentOptions())
+    theirs = ct2["float32"].translations(src, beam_size=1, alignment=AlignmentOptions())
+    same = [a[0].alignment == b[0].alignment for a, b in zip(ours, theirs, strict=True)
+            if a[0].text == b[0].text]
+    assert len(same) >= 95 and sum(same) >= 0.95 * len(same)
+    with pytest.raises(ValueError, match="alignment_layer"):
+        ct2["float32"].translations(src[:2], alignment=AlignmentOptions(layer=0))
+    engine = ct2["float32"]
+    assert engine.translate(src, sampling=Sampling(topk=1)) == engine.translate(src,
+                                                                                 beam_size=1)
+    # CTranslate2 seeds a thread's generator at its first draw: fresh one-thread engines
+    # repeat their draws for a seed
+    draws = [load_translator(exports["float32"], "ctranslate2", device="cpu", threads=1)
+             .translate(src, sampling=Sampling(topk=0, seed=3)) for _ in range(2)]
+    assert draws[0] == draws[1]
+    assert draws[0] != engine.translate(src, beam_size=1)  # a draw, not the argmax
 
 
 def test_int8_within_0_5_bleu_at_under_30_percent_of_the_size(torch_translator, ct2, exports,

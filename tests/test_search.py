@@ -1,4 +1,5 @@
-"""Greedy and beam search: beam 1 == greedy, cached == uncached, n-best, exact stopping."""
+"""Greedy and beam search: beam 1 == greedy, cached == uncached, n-best, exact stopping;
+sampling (frequencies, top-k, top-p, temperature, seeds) and target prefixes."""
 
 from __future__ import annotations
 
@@ -7,13 +8,17 @@ import itertools
 import pytest
 import torch
 
+from transformer.config import DecodingSettings
 from transformer.model import ModelConfig, Transformer
 from transformer.search import (
     DEFAULT_ALPHA,
+    Sampling,
     beam_search,
-    greedy_search,
     length_penalty,
     max_output_lengths,
+    pad_prefixes,
+    sample_search,
+    search_corpus,
 )
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -43,6 +48,11 @@ def random_batch(batch: int = 12, max_len: int = 7, vocab: int = 50, seed: int =
 
 def tokens(hyps):
     return [[h.tokens for h in sentence] for sentence in hyps]
+
+
+def greedy_search(model, src, lens, **options) -> list[list[int]]:
+    """Greedy search's outputs (`sample_search`'s default: the most likely token)."""
+    return [h.tokens for h in sample_search(model, src, lens, **options)]
 
 
 
@@ -195,3 +205,128 @@ def test_special_ids_come_from_the_model_config():
     first = model(src, lens, start)[:, -1]  # (batch, vocab): the first step's logits
     first[:, vocab - 1] = float("-inf")
     assert [g[0] if g else 0 for g in greedy] == first.argmax(-1).tolist()
+
+
+# ---- sampling and prefixes ------------------------------------------------------------------
+
+def fixed_distribution_model(log_probs: torch.Tensor) -> Transformer:
+    """A model whose next-token logits are `log_probs` (vocab,) at every step, whatever the
+    input: the decoder's last LayerNorm outputs zeros and the output bias is the logits."""
+    torch.manual_seed(0)
+    vocab = log_probs.shape[0]
+    model = Transformer(ModelConfig(
+        src_vocab_size=vocab, tgt_vocab_size=vocab, num_hiddens=16, ffn_num_hiddens=32,
+        num_heads=2, num_encoder_layers=1, num_decoder_layers=1, dropout=0.0,
+        max_positions=16, output_bias=True))
+    with torch.no_grad():
+        model.decoder.blks[-1].addnorm3.ln.weight.zero_()
+        model.decoder.blks[-1].addnorm3.ln.bias.zero_()
+        model.output_projection.bias.copy_(log_probs)
+    return model.eval()
+
+
+# the first output token's distribution: PAD and BOS impossible, the rest as written
+FIRST = torch.tensor([0.0, 0.0, 0.0, 0.05, 0.30, 0.25, 0.20, 0.12, 0.05, 0.03])
+DRAWS = 40_000
+
+
+def first_token_frequencies(sampling: Sampling) -> torch.Tensor:
+    """Frequencies of the first output token over DRAWS sentences (EOS forced after it)."""
+    model = fixed_distribution_model(FIRST.clamp(min=1e-30).log())
+    src, lens = torch.full((DRAWS, 2), 5), torch.full((DRAWS,), 2)
+    hyps = sample_search(model, src, lens, sampling=sampling, max_len_a=0.0, max_len_b=1,
+                         generator=torch.Generator().manual_seed(sampling.seed))
+    first = torch.tensor([h.tokens[0] if h.tokens else EOS_ID for h in hyps])
+    return torch.bincount(first, minlength=len(FIRST)).double() / DRAWS
+
+
+def assert_frequencies(freq: torch.Tensor, expected: torch.Tensor) -> None:
+    """Within 6 binomial standard deviations per token (a false alarm has probability
+    ~2e-9 per token; the draws are seeded, so the test cannot flake anyway)."""
+    sd = (expected * (1 - expected) / DRAWS).sqrt()
+    assert ((freq - expected).abs() <= 6 * sd + 1e-12).all(), (freq, expected)
+
+
+def entropy(p: torch.Tensor) -> float:
+    p = p[p > 0]
+    return float(-(p * p.log()).sum())
+
+
+def test_sampled_frequencies_match_the_models_probabilities():
+    assert_frequencies(first_token_frequencies(Sampling(seed=1)), FIRST.double())
+
+
+def test_topk_and_topp_keep_the_most_likely_tokens_renormalised():
+    top3 = torch.zeros_like(FIRST, dtype=torch.float64)
+    top3[[4, 5, 6]] = FIRST[[4, 5, 6]].double() / FIRST[[4, 5, 6]].sum()
+    assert_frequencies(first_token_frequencies(Sampling(topk=3, seed=2)), top3)
+    # top-p 0.6: 0.30 + 0.25 = 0.55 < 0.6, so the nucleus is those two plus 0.20
+    assert_frequencies(first_token_frequencies(Sampling(topp=0.6, seed=3)), top3)
+    nucleus = torch.zeros_like(top3)
+    nucleus[[4, 5]] = FIRST[[4, 5]].double() / FIRST[[4, 5]].sum()
+    assert_frequencies(first_token_frequencies(Sampling(topp=0.5, seed=4)), nucleus)
+
+
+def test_temperature_sharpens_or_flattens_the_distribution():
+    entropies = []
+    for temperature in (0.5, 1.0, 2.0):
+        expected = torch.softmax(FIRST.clamp(min=1e-30).log().double() / temperature, 0)
+        freq = first_token_frequencies(Sampling(temperature=temperature, seed=5))
+        assert_frequencies(freq, expected)
+        entropies.append(entropy(freq))
+    assert entropies[0] < entropies[1] < entropies[2]
+
+
+def test_topk_1_is_greedy_and_a_seed_repeats_its_draws(model):
+    sources = [list(range(4, 4 + n)) + [EOS_ID] for n in (3, 5, 2, 6, 4, 1, 7)]
+    greedy = search_corpus(model, sources, settings=DecodingSettings(beam_size=1))
+    assert search_corpus(model, sources, sampling=Sampling(topk=1)) == greedy
+    first = search_corpus(model, sources, sampling=Sampling(seed=7))
+    assert search_corpus(model, sources, sampling=Sampling(seed=7)) == first
+    assert search_corpus(model, sources, sampling=Sampling(seed=8)) != first
+    for hyps in first:  # a sample's log-prob is the model's, as a forced decoding gives it
+        assert hyps[0].score == pytest.approx(
+            hyps[0].log_prob / length_penalty(len(hyps[0].tokens) + 1, DEFAULT_ALPHA))
+
+
+def test_sampling_options_are_checked():
+    for bad, name in ((dict(temperature=0.0), "temperature"), (dict(topk=-1), "sampling_topk"),
+                      (dict(topp=0.0), "sampling_topp"), (dict(topp=1.5), "sampling_topp")):
+        with pytest.raises(ValueError, match=name):
+            Sampling(**bad)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_outputs_begin_with_the_prefix(model, beam_size):
+    sources = [list(range(4, 4 + n)) + [EOS_ID] for n in (3, 5, 2, 6)]
+    prefixes = [[7, 8], [], [9], list(range(10, 32))]  # the last: 22 tokens
+    settings = DecodingSettings(beam_size=beam_size)
+    hyps = search_corpus(model, sources, settings=settings, prefixes=prefixes, nbest=beam_size)
+    for sentence, prefix in zip(hyps, prefixes, strict=True):
+        for h in sentence:
+            assert h.tokens[:len(prefix)] == prefix
+    # the last prefix is longer than the length limit (1.5 * 7 + 10): the limit makes room
+    assert max_output_lengths(torch.tensor([7]), 1.5, 10, 64).item() < len(prefixes[-1])
+    # an empty prefix is no prefix
+    plain = search_corpus(model, sources, settings=settings, nbest=beam_size)
+    assert hyps[1] == plain[1]
+    assert search_corpus(model, sources, settings=settings, nbest=beam_size,
+                         prefixes=[[]] * len(sources)) == plain
+    # sampling honours prefixes too
+    sampled = search_corpus(model, sources, sampling=Sampling(seed=1), prefixes=prefixes)
+    for sentence, prefix in zip(sampled, prefixes, strict=True):
+        assert sentence[0].tokens[:len(prefix)] == prefix
+
+
+def test_prefix_scores_are_the_forced_tokens_log_probs(model):
+    """The best continuation of a forced prefix scores as the model scores prefix + rest."""
+    src, lens = torch.tensor([[5, 6, 7, EOS_ID]]), torch.tensor([4])
+    hyp = beam_search(model, src, lens, beam_size=3, prefix=pad_prefixes([[9, 8]],
+                                                                         src.device))[0][0]
+    with torch.no_grad():
+        out = hyp.tokens + [EOS_ID]
+        logits = model(src, lens, torch.tensor([[BOS_ID] + hyp.tokens]))[0]
+        logits[:, [PAD_ID, BOS_ID]] = float("-inf")
+        expected = torch.log_softmax(logits, -1)[torch.arange(len(out)), out].sum().item()
+    assert hyp.log_prob == pytest.approx(expected, abs=1e-4)
+

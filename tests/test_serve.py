@@ -16,9 +16,11 @@ import torch
 from conftest import PRUNED_HEADS  # tests/conftest.py
 from fastapi.testclient import TestClient
 
+from transformer.alignment import AlignmentOptions, format_alignment
 from transformer.attention_maps import attention_maps
 from transformer.cli import serve as serve_command
 from transformer.model import ModelConfig
+from transformer.search import Sampling
 from transformer.serve import (
     MAX_BEAM,
     MAX_BODY_BYTES,
@@ -26,6 +28,7 @@ from transformer.serve import (
     MAX_SENTENCES,
     Batcher,
     BatchLimits,
+    DecodeOptions,
     create_app,
 )
 from transformer.translator import BaseTranslator, Translator
@@ -51,14 +54,17 @@ class OtherEngine(BaseTranslator):
     def model_config(self) -> ModelConfig:
         return self.inner.model_config
 
-    def translate(self, lines, **options):
+    def translations(self, lines, **options):
         self.calls.append(list(lines))
         if "boom" in lines:
             raise RuntimeError("the engine failed")
-        return super().translate(lines, **options)
+        return super().translations(lines, **options)
 
     def _search(self, sources, settings, **options):
         return self.inner._search(sources, settings, **options)
+
+    def _score(self, sources, targets, **options):
+        return self.inner._score(sources, targets, **options)
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +115,25 @@ def test_nbest_lists_of_text_and_score(client, translator):
                       translator.translate(LINES, beam_size=3, nbest=3))
 
 
+def test_sampling_prefixes_and_alignments(client, translator):
+    body = {"text": LINES, "sampling_topk": 0, "temperature": 2.0, "seed": 3}
+    sampled = client.post("/translate", json=body).json()["translations"]
+    assert client.post("/translate", json=body).json()["translations"] == sampled
+    assert sampled == translator.translate(LINES, sampling=Sampling(topk=0, temperature=2.0,
+                                                                    seed=3))
+    prefixes = ["Ein Hund"] * 2 + [""] * (len(LINES) - 2)
+    forced = client.post("/translate", json={"text": LINES, "prefix": prefixes}).json()
+    assert forced["translations"] == translator.translate(LINES, prefixes=prefixes)
+    assert all(t.startswith("Ein Hund") for t in forced["translations"][:2])
+    aligned = client.post("/translate", json={"text": LINES, "alignment": True}).json()
+    expected = translator.translations(LINES, alignment=AlignmentOptions())
+    assert aligned["translations"] == [hyps[0].text for hyps in expected]
+    assert aligned["alignments"] == [format_alignment(hyps[0].alignment) for hyps in expected]
+    nbest = client.post("/translate", json={"text": LINES[:2], "beam_size": 3, "nbest": 2,
+                                            "alignment": True}).json()["translations"]
+    assert all(set(h) == {"text", "score", "alignment"} for hyps in nbest for h in hyps)
+
+
 def test_concurrent_requests_each_get_their_own_translations(client, translator):
     requests = [LINES[i:i + 1 + i % 3] for i in range(len(LINES))] * 2
     with ThreadPoolExecutor(8) as pool:
@@ -129,7 +154,8 @@ def test_batcher_puts_waiting_requests_into_one_call_in_order(translator):
         with ThreadPoolExecutor(1) as executor:
             batcher = Batcher(engine, executor, limits)
             batcher.start()
-            answers = await asyncio.gather(*(batcher.translate(lines, beam, 1, tokens)
+            answers = await asyncio.gather(*(batcher.translate(lines, None,
+                                                               DecodeOptions(beam), tokens)
                                              for lines, beam in requests))
             await batcher.stop()
         assert batcher.stats.batches == len(engine.calls)
@@ -139,7 +165,8 @@ def test_batcher_puts_waiting_requests_into_one_call_in_order(translator):
     assert engine.calls == [["A man.", "A dog.", "Two cats.", "A red car.", "", "Hi.", "Snow."],
                             ["A boy."]]
     for (lines, beam), answer in zip(requests, answers, strict=True):
-        assert_same_nbest(answer, translator.translate(lines, beam_size=beam, return_scores=True))
+        assert_same_nbest([[(t.text, t.score) for t in hyps] for hyps in answer],
+                          translator.translate(lines, beam_size=beam, return_scores=True))
 
     engine.calls.clear()
     asyncio.run(run(BatchLimits(max_wait_s=0.05, max_tokens=10), tokens=6))
@@ -237,6 +264,15 @@ BAD_TRANSLATE = [  # (body, status, field)
     (["ok"], 422, "body"),
     ({"text": ["ok"], "checkpoint": "/etc/passwd"}, 422, "checkpoint"),
     ({"text": ["ok"], "model": "runs/other"}, 422, "model"),
+    ({"text": ["ok"], "temperature": 0}, 422, "temperature"),
+    ({"text": ["ok"], "sampling_topk": -1}, 422, "sampling_topk"),
+    ({"text": ["ok"], "sampling_topp": 1.5}, 422, "sampling_topp"),
+    ({"text": ["ok"], "sampling_topk": 5, "beam_size": 4}, 422, "beam_size"),
+    ({"text": ["ok"], "temperature": 1.0, "nbest": 2}, 422, "nbest"),
+    ({"text": ["ok"], "seed": 1}, 422, "seed"),
+    ({"text": ["ok", "ok"], "prefix": ["Ein"]}, 422, "prefix"),
+    ({"text": ["ok"], "prefix": "Ein"}, 422, "prefix"),
+    ({"text": ["ok"], "alignment": "yes"}, 422, "alignment"),
 ]
 BAD_BYTES = [  # raw bodies: (bytes, status, field)
     (b'{"text": ["ok"', 400, "body"),
@@ -331,7 +367,10 @@ def test_openapi_documents_the_request_bodies(client):
     schema = client.get("/openapi.json").json()
     body = schema["paths"]["/translate"]["post"]["requestBody"]["content"]["application/json"]
     assert body["schema"]["required"] == ["text"]
-    assert json.dumps(body).count("maxItems") == 1
+    properties = body["schema"]["properties"]
+    assert {"prefix", "alignment", "sampling_topk", "sampling_topp", "temperature",
+            "seed"} < set(properties)
+    assert json.dumps(properties["text"]).count("maxItems") == 1
 
 
 # ---- transformer serve -----------------------------------------------------------------------

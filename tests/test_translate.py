@@ -20,14 +20,17 @@ import sacrebleu
 import torch
 from torch import nn
 
+from transformer.alignment import AlignmentOptions, format_alignment, word_alignment
 from transformer.checkpoint import inference_checkpoint, save_checkpoint, stored_decoding
 from transformer.cli import translate as translate_command
 from transformer.cli import tune_decoding as tune_decoding_command
 from transformer.config import DecodingSettings
 from transformer.errors import CheckpointError
 from transformer.evaluation import best_trial, checkpoints_within, tune_decoding
+from transformer.loss import teacher_forced_loss
 from transformer.model import ModelConfig, Transformer
-from transformer.search import beam_search, greedy_search
+from transformer.search import beam_search, length_penalty, sample_search
+from transformer.store import ParallelCorpus
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerPair
 from transformer.translator import Translator, bleu_report, paper_protocol, translate_lines
 
@@ -139,7 +142,7 @@ def test_copy_model_beam_1_is_greedy(copy_translator, copy_inputs):
     longest = max(map(len, pieces))
     src = torch.tensor([p + [PAD_ID] * (longest - len(p)) for p in pieces])
     lens = torch.tensor([len(p) for p in pieces])
-    greedy = greedy_search(copy_translator.model, src, lens)
+    greedy = [h.tokens for h in sample_search(copy_translator.model, src, lens)]
     assert [h[0].tokens for h in beam_search(copy_translator.model, src, lens,
                                              beam_size=1)] == greedy
     assert greedy == [p[:-1] for p in pieces]
@@ -374,6 +377,138 @@ def test_script_reference_line_count_mismatch(copy_checkpoint, copy_inputs, tmp_
                                   "--reference", str(ref), "--device", "cpu"]) == 1
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "4 lines" in err and "has 5" in err
+
+
+# ---- scoring, alignments, prefixes and sampling from the command line ------------------------
+
+def test_score_is_loss_py_teacher_forced_log_prob(random_runs):
+    translator = Translator.load(random_runs[0], device="cpu")
+    sources = ["A man rides a bike.", "Zwei Hunde.", "", "A dog runs through the snow."]
+    targets = ["Ein Mann fährt Rad.", "Two dogs.", "Hallo", ""]
+    scored = translator.score(sources, targets, alpha=1.5, max_tokens=12)  # several batches
+    tokenizers, model = translator.tokenizers, translator.model
+    for source, target, hyp in zip(sources, targets, scored, strict=True):
+        pairs = ParallelCorpus.from_ids([tokenizers.src.encode(source)],
+                                        [tokenizers.tgt.encode(target)],
+                                        tokenizers.tgt.specials, tokenizers.tgt.vocab_size)
+        with torch.no_grad():
+            nll = teacher_forced_loss(model.eval(), pairs.collate([0])).nll.item()
+        assert hyp.tokens == tokenizers.tgt.encode(target)
+        assert hyp.log_prob == pytest.approx(-nll, rel=1e-5, abs=1e-4)
+        assert hyp.score == pytest.approx(hyp.log_prob / length_penalty(len(hyp.tokens) + 1,
+                                                                        1.5))
+
+
+def test_score_of_the_search_output_is_its_search_score(copy_translator, copy_inputs):
+    """Forced decoding of the beam's own output gives the beam's log-prob (the search
+    masks PAD and BOS, which a trained model gives almost no probability)."""
+    found = copy_translator.translations(copy_inputs[:10], beam_size=4)
+    scored = copy_translator.score(copy_inputs[:10], [h[0].text for h in found])
+    for hyps, hyp in zip(found, scored, strict=True):
+        assert hyp.tokens == copy_translator.tokenizers.tgt.encode(hyps[0].text)
+        assert hyp.log_prob == pytest.approx(hyps[0].log_prob, abs=1e-3)
+        assert hyp.score == pytest.approx(hyps[0].score, abs=1e-3)
+
+
+def test_word_alignment_merges_pieces_into_words():
+    src = ["▁A", "▁man", "▁rid", "es", "▁."]  # words: A man rides .
+    out = ["▁Ein", "▁Mann", "▁fähr", "t", "▁."]
+    weights = torch.zeros(5, 6)  # (output pieces, source pieces + EOS)
+    for j, s in enumerate([0, 1, 3, 2, 5]):  # the last attends to EOS most, then "."
+        weights[j, s] = 1.0
+    weights[4, 4] = 0.5
+    assert word_alignment(weights, src, out) == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    assert format_alignment([(0, 0), (2, 1)]) == "0-0 2-1"
+    assert word_alignment(weights, src, []) == []
+
+
+def test_copy_model_aligns_each_word_to_its_source(copy_translator, copy_inputs):
+    results = copy_translator.translations(copy_inputs, beam_size=4,
+                                           alignment=AlignmentOptions())
+    for line, hyps in zip(copy_inputs, results, strict=True):
+        assert hyps[0].text == line
+        assert hyps[0].alignment == [(i, i) for i in range(len(line.split()))], line
+
+
+def test_script_alignment_prefix_and_sampling(copy_checkpoint, copy_inputs, tmp_path):
+    lines = copy_inputs[:6] + [""]
+    src = write_lines(tmp_path / "in.txt", lines)
+    base = ["--checkpoint", str(copy_checkpoint), "--input", str(src), "--device", "cpu"]
+    out = tmp_path / "aligned.txt"
+    assert translate_command.main(base + ["--output", str(out), "--alignment"]) == 0
+    rows = out.read_text().splitlines()
+    assert len(rows) == len(lines)  # one line per output: TEXT <tab> ALIGNMENT
+    for line, row in zip(lines, rows, strict=True):
+        text, alignment = row.split("\t")
+        assert text == line
+        pairs = [tuple(map(int, p.split("-"))) for p in alignment.split()]
+        assert all(0 <= i < len(line.split()) and 0 <= j < len(text.split())
+                   for i, j in pairs)
+    prefixes = write_lines(tmp_path / "prefix.txt", ["fed"] * 3 + [""] * 4)
+    assert translate_command.main(base + ["--output", str(out), "--prefix",
+                                          str(prefixes)]) == 0
+    for line, row in zip(lines, out.read_text().splitlines(), strict=True):
+        assert row.startswith("fed") if lines.index(line) < 3 and line else row == line
+    runs = []
+    for _ in range(2):
+        assert translate_command.main(base + ["--output", str(out), "--sampling-topk", "0",
+                                              "--temperature", "3", "--seed", "4"]) == 0
+        runs.append(out.read_text())
+    assert runs[0] == runs[1] and runs[0].count("\n") == len(lines)
+
+
+def test_script_score(copy_checkpoint, copy_inputs, tmp_path):
+    lines = copy_inputs[:5]
+    src = write_lines(tmp_path / "in.txt", lines)
+    ref = write_lines(tmp_path / "ref.txt", lines[::-1])
+    out = tmp_path / "scores.txt"
+    assert translate_command.main(["--checkpoint", str(copy_checkpoint), "--input", str(src),
+                                   "--reference", str(ref), "--score", "--alpha", "1",
+                                   "--output", str(out), "--device", "cpu"]) == 0
+    rows = [tuple(map(float, r.split("\t"))) for r in out.read_text().splitlines()]
+    expected = Translator.load(copy_checkpoint, device="cpu").score(lines, lines[::-1],
+                                                                      alpha=1.0)
+    assert rows == [(pytest.approx(h.log_prob, abs=1e-5), pytest.approx(h.score, abs=1e-5))
+                    for h in expected]
+    assert rows[2][0] > max(rows[0][0], rows[1][0])  # line 3 is scored against itself
+
+
+@pytest.mark.parametrize("options, named", [
+    (["--sampling-topk", "5", "--temperature", "0"], "--temperature"),
+    (["--sampling-topk", "5", "--beam-size", "4"], "--sampling-topk"),
+    (["--sampling-topp", "1.5"], "--sampling-topp"),
+    (["--temperature", "2", "--nbest", "2"], "--temperature"),
+    (["--seed", "3"], "--seed"),
+    (["--alignment-head", "1"], "--alignment"),
+    (["--score"], "--score"),
+    (["--score", "--reference", "REF", "--alignment"], "--alignment"),
+])
+def test_script_bad_mode_options_name_the_option(copy_checkpoint, copy_inputs, tmp_path, capsys,
+                                                 options, named):
+    src = write_lines(tmp_path / "in.txt", copy_inputs[:3])
+    options = [str(src) if o == "REF" else o for o in options]
+    with pytest.raises(SystemExit) as exit_info:
+        translate_command.main(["--checkpoint", str(copy_checkpoint), "--input", str(src)]
+                               + options)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert named in err
+
+
+def test_script_prefix_line_count_and_alignment_layer_errors(copy_checkpoint, copy_inputs,
+                                                             tmp_path, capsys):
+    src = write_lines(tmp_path / "in.txt", copy_inputs[:5])
+    prefixes = write_lines(tmp_path / "prefix.txt", ["a"] * 4)
+    base = ["--checkpoint", str(copy_checkpoint), "--input", str(src), "--device", "cpu"]
+    assert translate_command.main(base + ["--prefix", str(prefixes)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--prefix" in err and "4 lines" in err and "has 5" in err
+    assert translate_command.main(base + ["--alignment", "--alignment-layer", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--alignment-layer" in err
+    assert translate_command.main(base + ["--alignment", "--alignment-head", "4"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--alignment-head 4" in err
 
 
 def test_script_bad_checkpoints_exit_1_with_one_line(random_runs, tmp_path, capsys):

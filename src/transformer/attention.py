@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .ops import Dropout
+from .ops import Dropout, Linear
 
 __all__ = [
     "masked_softmax",
@@ -182,10 +182,11 @@ class DotProductAttention(nn.Module):
         d = queries.shape[-1]
         scores = torch.bmm(queries, keys.transpose(1, 2)) / math.sqrt(d)  # (b, q, k)
         if valid_lens is not None:
-            self.attention_weights = masked_softmax(scores, valid_lens)
+            weights = masked_softmax(scores, valid_lens)
         else:
-            self.attention_weights = _masked_softmax(scores, mask)
-        return torch.bmm(self.dropout(self.attention_weights), values)
+            weights = _masked_softmax(scores, mask)
+        self.attention_weights = weights  # kept for looking; the output uses its own copy,
+        return torch.bmm(self.dropout(weights), values)  # as threads may share the module
 
 
 class KVCache:
@@ -303,10 +304,10 @@ class MultiHeadAttention(nn.Module):
         # mask is for teacher-forced passes (beam search reorders and drops batch rows).
         self.head_mask: Tensor | None = None
         self.attention = DotProductAttention(dropout)
-        self.W_q = nn.Linear(query_size, num_hiddens, bias=bias)
-        self.W_k = nn.Linear(key_size, num_hiddens, bias=bias)
-        self.W_v = nn.Linear(value_size, num_hiddens, bias=bias)
-        self.W_o = nn.Linear(num_hiddens, num_hiddens, bias=bias)
+        self.W_q = Linear(query_size, num_hiddens, bias=bias)
+        self.W_k = Linear(key_size, num_hiddens, bias=bias)
+        self.W_v = Linear(value_size, num_hiddens, bias=bias)
+        self.W_o = Linear(num_hiddens, num_hiddens, bias=bias)
         self.need_weights = False  # default for `forward(need_weights=None)`
 
     @property
@@ -471,7 +472,7 @@ def _select_features(linear: nn.Linear, index: Tensor, dim: int) -> nn.Linear:
     """A copy of `linear` keeping only output features (dim=0) or input features (dim=1)
     `index`; the bias belongs to the outputs, so it is kept whole for dim=1."""
     weight = linear.weight.detach().index_select(dim, index)  # (out, in), one side smaller
-    out = nn.Linear(weight.shape[1], weight.shape[0], bias=linear.bias is not None,
+    out = Linear(weight.shape[1], weight.shape[0], bias=linear.bias is not None,
                     device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
         out.weight.copy_(weight)

@@ -10,7 +10,8 @@ BOS prepended to the target input).
 - `eval_batches`: a fixed, length-sorted order for validation and test;
 - `shard`: every rank gets the same number of batches, each example used once.
 
-Translation packs its length-sorted sentences with `pack` too (`search.search_corpus`).
+Translation packs its length-sorted sentences with `pack` too (`search.search_corpus`),
+and `pad_rows` makes its padded tensors.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
+from torch import Tensor
 
-__all__ = ["pack", "shard", "train_batches", "eval_batches", "padding_ratio"]
+__all__ = ["pack", "pad_rows", "shard", "train_batches", "eval_batches", "padding_ratio"]
 
 Lengths = Sequence[int]  # a numpy array or a list: pieces per sentence
 
@@ -44,6 +47,16 @@ def pack(order: Sequence[int], sizes: Sequence[int], max_tokens: int) -> list[np
         batches.append(order[start:end])
         start = end
     return batches
+
+
+def pad_rows(rows: Sequence[Sequence[int]], pad_value: int,
+             device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+    """Id lists -> (batch, longest) long tensor padded with `pad_value`, and the lengths
+    (batch,): decoding's batches of sources, prefixes and outputs."""
+    longest = max(1, max(map(len, rows)))
+    padded = torch.tensor([list(r) + [pad_value] * (longest - len(r)) for r in rows],
+                          dtype=torch.long)
+    return padded.to(device), torch.tensor([len(r) for r in rows], device=device)
 
 
 def shard(batches: list[np.ndarray], rank: int, world_size: int) -> list[np.ndarray]:

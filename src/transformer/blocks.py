@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
-from .ops import Dropout
+from .ops import Dropout, Linear
 
 __all__ = ["ACTIVATIONS", "PositionWiseFFN", "AddNorm", "EncoderBlock", "DecoderBlock",
            "LayerCache"]
@@ -28,9 +28,9 @@ class PositionWiseFFN(nn.Module):
 
     def __init__(self, num_hiddens: int, ffn_num_hiddens: int, activation: str = "relu"):
         super().__init__()
-        self.dense1 = nn.Linear(num_hiddens, ffn_num_hiddens)
+        self.dense1 = Linear(num_hiddens, ffn_num_hiddens)
         self.activation = ACTIVATIONS[activation]()
-        self.dense2 = nn.Linear(ffn_num_hiddens, num_hiddens)
+        self.dense2 = Linear(ffn_num_hiddens, num_hiddens)
 
     def forward(self, X: Tensor) -> Tensor:
         return self.dense2(self.activation(self.dense1(X)))

@@ -11,13 +11,17 @@ Both are `translator.BaseTranslator`s: the same source encoding, batching
 How the CTranslate2 engine matches `search.beam_search`:
 - Greedy (beam 1) is the same argmax search; tokens agree except where float rounding
   flips a near tie (CTranslate2 fuses and reorders the matrix products).
+- Both beam searches keep the beam full: the best 2 x beam candidates per step, EOS ones
+  among the best `beam` finish, the others go on.
 - Length normalisation: CTranslate2 normalises by `length ** length_penalty`, ours by GNMT's
   `((5 + length) / 6) ** alpha`. So CTranslate2 searches with `length_penalty=0` (both
   engines rank the candidates inside the beam by cumulative log-prob) and returns all
   `beam_size` finished hypotheses with their log-probs (EOS included, as ours); they are
   then ranked by our GNMT score (`search.length_penalty`, the length counting EOS), which is
-  also the score returned. What still differs is when a sentence stops: CTranslate2 when
-  `beam_size` hypotheses have finished, ours when no live one can beat the n-best.
+  also the score returned. What still differs is when a sentence stops: CTranslate2 once its
+  best candidate has ended and `beam_size` hypotheses have finished (it keeps the best
+  `beam_size` by log-prob), ours at `beam_size` finished hypotheses, or earlier when no live
+  one can beat the n-best (all of them ranked by GNMT score).
 - Length limit: CTranslate2 takes one `max_decoding_length` per batch, so it gets the
   batch's largest `a * source_len + b`; each output is cut to its own sentence's limit and
   then scored with the EOS our search forces there (CTranslate2's `score_batch`). Greedy
@@ -25,6 +29,15 @@ How the CTranslate2 engine matches `search.beam_search`:
   have beaten one that our search would have kept alive instead (rare).
 - PAD and the start token (BOS; an imported Marian model's PAD) are never generated
   (suppressed), UNK may be, as ours.
+- Modes: sampling through `sampling_topk`/`sampling_topp`/`sampling_temperature` (seeded by
+  `ctranslate2.set_random_seed`, which CTranslate2 applies to a thread's generator at its
+  first draw: a freshly loaded engine on one thread, as `transformer translate --engine
+  ctranslate2 --threads 1` runs, repeats its draws for a seed; later calls continue the
+  stream, and with several threads the draws depend on which thread takes which sub-batch.
+  The draws differ from ours), prefixes
+  through `target_prefix`, alignments through `return_attention` (the attention of the layer
+  and heads the export chose: the last layer, averaged over all its heads), scores through
+  `score_batch`.
 - An export with a vocabulary map (`vocab_map.py`, `transformer export --vocab-map`) decodes
   over the candidates of the batch's source pieces only (CTranslate2's `use_vmap`): faster,
   but no longer our search over the whole vocabulary, and a sentence's output may depend on
@@ -36,16 +49,18 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, Union
 
 import torch
 
+from .alignment import AlignmentOptions
 from .config import DecodingSettings
 from .errors import ExportError
 from .export import read_export, require_ctranslate2
 from .model import ModelConfig
-from .search import Hypothesis, decode_batches, length_penalty, max_output_lengths
+from .search import Hypothesis, Sampling, decode_batches, length_penalty, max_output_lengths
 from .translator import BaseTranslator, Translator
 
 __all__ = ["ENGINES", "CTranslate2Translator", "load_translator"]
@@ -88,8 +103,9 @@ class CTranslate2Translator(BaseTranslator):
             raise ExportError(f"CTranslate2 cannot load {directory}: "
                               f"{str(e).splitlines()[0] if str(e) else e!r}") from e
         self._src_pieces = tokenizers.src.vocabulary()
-        self._tgt_ids = {piece: i for i, piece in enumerate(tokenizers.tgt.vocabulary())}
-        # as search._next_log_probs masks PAD and the start token
+        self._tgt_pieces = tokenizers.tgt.vocabulary()
+        self._tgt_ids = {piece: i for i, piece in enumerate(self._tgt_pieces)}
+        # as search._next_logits masks PAD and the start token
         self._never = [[tokenizers.tgt.id_to_piece(i)]
                        for i in tokenizers.tgt.specials.never_generated]
 
@@ -103,31 +119,63 @@ class CTranslate2Translator(BaseTranslator):
         return self.info.vocab_map
 
     def _search(self, sources: list[list[int]], settings: DecodingSettings, *, nbest: int,
-                max_tokens: int, use_cache: bool,
+                sampling: Sampling | None, prefixes: list[list[int]] | None,
+                alignment: AlignmentOptions | None, max_tokens: int, use_cache: bool,
                 on_progress: Callable[[int], None] | None) -> list[list[Hypothesis]]:
         if not use_cache:
             raise ValueError("use_cache=False exists only for the torch engine")
-        if not 1 <= nbest <= settings.beam_size:
-            raise ValueError(f"need 1 <= nbest <= beam_size, got nbest={nbest}, "
-                             f"beam_size={settings.beam_size}")
-        return decode_batches(sources, lambda batch: self._search_batch(batch, settings, nbest),
+        if alignment is not None and (alignment.head is not None or alignment.layer not in (
+                -1, self.model_config.num_decoder_layers - 1)):
+            raise ValueError("the ctranslate2 engine aligns with the attention of the last "
+                             "decoder layer, averaged over its heads (set at export); "
+                             "alignment_layer and alignment_head need the torch engine")
+        if sampling is not None:
+            require_ctranslate2().set_random_seed(sampling.seed)
+        return decode_batches(sources, lambda batch: self._search_batch(
+                                  [sources[i] for i in batch], settings, nbest, sampling,
+                                  None if prefixes is None else [prefixes[i] for i in batch],
+                                  alignment is not None),
                               nbest=nbest, max_tokens=max_tokens, on_progress=on_progress)
 
+    def _score(self, sources: list[list[int]], targets: list[list[int]], *,
+               max_tokens: int) -> list[float]:
+        """CTranslate2's `score_batch` (log-probs per token, EOS included), summed."""
+        results = self.model.score_batch(
+            [[self._src_pieces[i] for i in ids] for ids in sources],
+            [[self._tgt_pieces[i] for i in ids] for ids in targets],
+            max_batch_size=max_tokens, batch_type="tokens", max_input_length=0)
+        return [float(sum(result.log_probs)) for result in results]
+
     def _search_batch(self, batch: Sequence[Sequence[int]], settings: DecodingSettings,
-                      nbest: int) -> list[list[Hypothesis]]:
+                      nbest: int, sampling: Sampling | None = None,
+                      prefixes: list[list[int]] | None = None,
+                      attention: bool = False) -> list[list[Hypothesis]]:
         """One `translate_batch` call; see the module docstring for how it matches ours."""
         limits = max_output_lengths(torch.tensor([len(ids) for ids in batch]),
                                     settings.max_len_a, settings.max_len_b,
                                     self.model_config.max_positions).tolist()
+        if prefixes is not None:  # as search._limits: room for the prefix at least
+            limits = [max(limit, len(ids)) for limit, ids in zip(limits, prefixes, strict=True)]
         sources = [[self._src_pieces[i] for i in ids] for ids in batch]
+        if sampling is None:
+            search = dict(beam_size=settings.beam_size, num_hypotheses=settings.beam_size,
+                          length_penalty=0.0)
+        else:
+            search = dict(beam_size=1, sampling_topk=sampling.topk,
+                          sampling_topp=sampling.topp,
+                          sampling_temperature=sampling.temperature)
+        target_prefix = None if prefixes is None else [
+            [self._tgt_pieces[i] for i in ids] or None for ids in prefixes]
         results = self.model.translate_batch(
-            sources, beam_size=settings.beam_size, num_hypotheses=settings.beam_size,
-            length_penalty=0.0, return_scores=True, max_input_length=0,
+            sources, **search, target_prefix=target_prefix, return_scores=True,
+            return_attention=attention, max_input_length=0,
             max_batch_size=self._sub_batch_tokens(batch), batch_type="tokens",
             max_decoding_length=max(limits) + 1, suppress_sequences=self._never,
             use_vmap=self.vocab_map is not None)
-        candidates = [[(pieces[:limit], log_prob)
-                       for pieces, log_prob in zip(result.hypotheses, result.scores, strict=True)]
+        candidates = [[Hypothesis([self._tgt_ids[p] for p in pieces[:limit]], log_prob,
+                                  log_prob, _attention(result, j) if attention else None)
+                       for j, (pieces, log_prob) in enumerate(zip(result.hypotheses,
+                                                                  result.scores, strict=True))]
                       for result, limit in zip(results, limits, strict=True)]
         self._rescore_cut(sources, candidates, limits)
         return [self._ranked(hyps, settings.alpha, nbest) for hyps in candidates]
@@ -140,32 +188,35 @@ class CTranslate2Translator(BaseTranslator):
         limit = MAPPED_SUB_BATCH_TOKENS if self.vocab_map else SUB_BATCH_TOKENS
         return max(1, min(limit, math.ceil(padded / self.parallel)))
 
-    def _rescore_cut(self, sources: list[list[str]],
-                     candidates: list[list[tuple[list[str], float]]], limits: list[int]) -> None:
+    def _rescore_cut(self, sources: list[list[str]], candidates: list[list[Hypothesis]],
+                     limits: list[int]) -> None:
         """Hypotheses cut to their sentence's length limit get the log-prob of the cut
         output plus EOS, as our search scores the EOS it forces at the limit (rare: the
         model has to run on past the limit)."""
-        cut = [(i, j) for i, hyps in enumerate(candidates) for j, (pieces, _) in enumerate(hyps)
-               if len(pieces) == limits[i]]
+        cut = [(i, j) for i, hyps in enumerate(candidates) for j, hyp in enumerate(hyps)
+               if len(hyp.tokens) == limits[i]]
         if not cut:
             return
-        scored = self.model.score_batch([sources[i] for i, _ in cut],
-                                        [candidates[i][j][0] for i, j in cut],
-                                        max_input_length=0)
+        scored = self.model.score_batch(
+            [sources[i] for i, _ in cut],
+            [[self._tgt_pieces[t] for t in candidates[i][j].tokens] for i, j in cut],
+            max_input_length=0)
         # log_probs: one per token, EOS included
         for (i, j), result in zip(cut, scored, strict=True):
-            candidates[i][j] = (candidates[i][j][0], float(sum(result.log_probs)))
+            candidates[i][j] = replace(candidates[i][j], log_prob=float(sum(result.log_probs)))
 
-    def _ranked(self, candidates: list[tuple[list[str], float]], alpha: float,
-                nbest: int) -> list[Hypothesis]:
-        """Finished hypotheses (pieces, log-prob), best GNMT score first."""
-        hyps = []
-        for pieces, log_prob in candidates:
-            tokens = [self._tgt_ids[p] for p in pieces]
-            hyps.append(Hypothesis(tokens, log_prob / length_penalty(len(tokens) + 1, alpha),
-                                   log_prob))
+    @staticmethod
+    def _ranked(candidates: list[Hypothesis], alpha: float, nbest: int) -> list[Hypothesis]:
+        """Finished hypotheses with their GNMT scores, best first."""
+        hyps = [replace(h, score=h.log_prob / length_penalty(len(h.tokens) + 1, alpha))
+                for h in candidates]
         hyps.sort(key=lambda h: -h.score)
         return hyps[:nbest]
+
+
+def _attention(result: Any, j: int) -> torch.Tensor:
+    """Hypothesis j's attention (output tokens, source tokens) from a TranslationResult."""
+    return torch.tensor(result.attention[j], dtype=torch.float32)
 
 
 def _ct2_device(device: str | torch.device) -> tuple[str, int]:

@@ -159,10 +159,13 @@ def transformer_spec(model: Transformer, tokenizers: TokenizerPair) -> Any:
     from ctranslate2.specs.common_spec import Activation
 
     c = model.config
+    # return_attention (word alignments) gives the last decoder layer's encoder-decoder
+    # attention averaged over all heads (alignment_heads 0), as `alignment.AlignmentOptions()`
     spec = ts.TransformerSpec.from_config((c.num_encoder_layers, c.num_decoder_layers),
                                           c.num_heads, pre_norm=c.norm_first,
                                           activation=getattr(Activation, CT2_ACTIVATION[
-                                              c.activation]))
+                                              c.activation]),
+                                          alignment_layer=-1, alignment_heads=0)
     encoder, decoder = model.encoder, model.decoder
     _set_inputs(spec.encoder, encoder.embedding, encoder.pos_encoding.P[0])
     for layer, block in zip(spec.encoder.layer, encoder.blks, strict=True):

@@ -7,6 +7,8 @@
   differentiable (head importance takes gradients of it).
 - `evaluate_loss`: per-token loss and nll over many batches, in eval mode without gradients:
   training's validation loss and the head-masking scores both come from here.
+- `sentence_log_probs`: each pair's log-probability (forced decoding: `transformer translate
+  --score` scores given translations with it).
 
 Both compute the same quantity as `nn.CrossEntropyLoss(label_smoothing=eps)`: the target
 distribution is (1 - eps) on the reference token plus eps / V on every token, so the loss
@@ -25,8 +27,8 @@ from .model import Transformer, eval_mode
 from .ops import linear_label_smoothed_cross_entropy
 from .store import Batch
 
-__all__ = ["LabelSmoothedLoss", "TeacherForcedLoss", "teacher_forced_loss", "LossReport",
-           "evaluate_loss"]
+__all__ = ["LabelSmoothedLoss", "TeacherForcedLoss", "teacher_forced_loss",
+           "sentence_log_probs", "LossReport", "evaluate_loss"]
 
 
 class LabelSmoothedLoss(nn.Module):
@@ -56,15 +58,34 @@ class TeacherForcedLoss:
     tokens: int
 
 
-def teacher_forced_loss(model: Transformer, batch: Batch) -> TeacherForcedLoss:
-    """Feed the reference prefix, score every real target token (the projection runs on
-    those positions only)."""
+def _token_log_probs(model: Transformer, batch: Batch) -> tuple[Tensor, Tensor]:
+    """Feed the reference prefix and score every real target token (the projection runs on
+    those positions only) -> log-probs over the vocabulary (N, V) float32, and the mask
+    (batch, tgt_len) of the N real positions."""
     mask = batch.tgt_out != model.config.pad_id  # (batch, tgt_len)
     logits = model(batch.src, batch.src_valid_lens, batch.tgt_in, output_mask=mask)  # (N, V)
-    log_probs = logits.float().log_softmax(-1)  # once for both numbers
+    return logits.float().log_softmax(-1), mask
+
+
+def teacher_forced_loss(model: Transformer, batch: Batch) -> TeacherForcedLoss:
+    """One batch's summed nll and smoothing term over its real target tokens."""
+    log_probs, mask = _token_log_probs(model, batch)  # once for both numbers
     nll = -log_probs.gather(1, batch.tgt_out[mask][:, None]).sum()
     uniform = -log_probs.mean(-1).sum()
     return TeacherForcedLoss(nll, uniform, batch.num_tgt_tokens)
+
+
+@torch.no_grad()
+def sentence_log_probs(model: Transformer, batch: Batch) -> Tensor:
+    """Each pair's log-probability of its target given its source, teacher-forced: the
+    sum over the target's tokens, EOS included, (batch,) float64. Forced decoding (scoring a
+    given translation) runs on this; it is `-teacher_forced_loss(...).nll` pair by pair."""
+    with eval_mode(model):
+        log_probs, mask = _token_log_probs(model, batch)
+    picked = log_probs.gather(1, batch.tgt_out[mask][:, None]).squeeze(1).double()  # (N,)
+    rows = torch.arange(mask.shape[0], device=mask.device)[:, None].expand_as(mask)[mask]
+    return torch.zeros(mask.shape[0], dtype=torch.float64,
+                       device=mask.device).index_add_(0, rows, picked)
 
 
 @dataclass

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from .blocks import ACTIVATIONS, DecoderBlock, EncoderBlock, LayerCache
 from .errors import ConfigError
-from .ops import Dropout
+from .ops import Dropout, Linear
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 __all__ = ["Hyperparameters", "ModelConfig", "PositionalEncoding", "TransformerEncoder",
@@ -238,7 +238,7 @@ class Transformer(nn.Module):
         self.decoder = TransformerDecoder(c, tgt_embedding)
         for name, heads in c.pruned_heads.items():
             self.get_submodule(name).prune_heads(heads)
-        self.output_projection = nn.Linear(c.num_hiddens, c.tgt_vocab_size, bias=c.output_bias)
+        self.output_projection = Linear(c.num_hiddens, c.tgt_vocab_size, bias=c.output_bias)
         self.reset_parameters()
         if c.tie_output:
             self.output_projection.weight = tgt_embedding.weight

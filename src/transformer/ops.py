@@ -1,4 +1,10 @@
-"""Two training-time operations, written out because PyTorch's generic ones are slow on CPU.
+"""Operations written out because PyTorch's generic ones are slow on CPU.
+
+- `Linear` / `linear`: `nn.Linear` / `F.linear` that, for float32 inference on CPU, multiply
+  through oneDNN (`torch.ops.mkldnn._linear_pointwise`) instead of the BLAS `F.linear` calls
+  (MKL's sgemm): oneDNN picks its kernels by the CPU's instruction set, AVX-512 where there
+  is one, where MKL's may not (docs/RESULTS.md, "Decoding speed"). Training, autocast and
+  other devices take `F.linear`.
 
 - `Dropout`: `nn.Dropout` with a cheaper random mask on CPU: `torch.bernoulli_` draws a float
   per element, this draws one random byte per element and compares it with a threshold.
@@ -18,8 +24,30 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
-__all__ = ["Dropout", "linear_label_smoothed_cross_entropy"]
+__all__ = ["Dropout", "Linear", "linear", "linear_label_smoothed_cross_entropy"]
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """`F.linear(x, weight, bias)`, through oneDNN for float32 inference on CPU."""
+    if (x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
+            and _ONEDNN and not torch.is_autocast_enabled("cpu")
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                                  or (bias is not None
+                                                      and bias.requires_grad)))):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """`nn.Linear` computed by `linear` (the same parameters and state dict)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 class Dropout(nn.Dropout):

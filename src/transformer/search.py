@@ -1,54 +1,60 @@
-"""Decoding: greedy and beam search over the model's key/value cache, and `search_corpus`,
-the one path that decodes many sentences (training validation, the Translator, evaluation):
-sorted longest first, packed into token-bounded batches (`batching.pack`), returned in input
-order, with the settings of `DecodingSettings`.
+"""Decoding: beam search and sampling over the model's key/value cache, and
+`search_corpus`, the one path that decodes many sentences (training validation, the
+Translator, evaluation): sorted longest first, packed into token-bounded batches
+(`batching.pack`), returned in input order, with the settings of `DecodingSettings`.
 
-Each step feeds only the newest token; the decoder's self-attention keys/values grow in the
-cache and the encoder-decoder keys/values are projected once per sentence. `use_cache=False`
-re-runs the decoder over the whole prefix instead (the reference for tests and benchmarks).
+Each step feeds only the newest token; the decoder's self-attention keys/values grow in a
+preallocated cache (`attention.KVCache`), and the encoder-decoder keys/values are projected
+once per sentence and shared by its beams. `use_cache=False` re-runs the decoder over the
+whole prefix instead (the reference for tests and benchmarks).
 
 Conventions shared by both searches:
 - The output of a sentence is at most `max_len = a * source_len + b` tokens, EOS not counted
-  (`max_output_lengths`); beam search then forces EOS, greedy search just stops.
+  (`max_output_lengths`), and at least its prefix; at the limit EOS is forced.
 - Decoding starts from the model's `start_id` (BOS; Marian models: PAD) and ends with its
   `eos_id`; PAD and the start token are never generated (their logits are masked); UNK may
-  be.
+  be. A target prefix forces each output's first tokens (their log-probs count).
+- A finished hypothesis of `n` output tokens plus EOS has the GNMT length-normalised score
+  `log_prob / lp(n + 1)`, `lp(L) = ((5 + L) / 6) ** alpha`: L counts the EOS token.
 
 Beam search, in short (rows = sentences x beam, scores = cumulative log-probs):
 - Step 0 decodes one row per sentence and its top `beam` tokens start the beam, so no
-  hypothesis appears twice and encoder-decoder keys/values are projected once per sentence.
-- Each step takes the top `beam` candidates over beam x vocab per sentence and accepts the
-  best `beam - finished` of them; accepted candidates ending in EOS become finished
-  hypotheses and leave the beam, so a sentence's beam shrinks as hypotheses finish (as in
-  Marian/Nematus) and holds at most `beam` finished ones. With `beam_size=1` this is exactly
-  greedy search, whatever alpha.
-- A finished hypothesis of `n` output tokens plus EOS has the GNMT length-normalised score
-  `log_prob / lp(n + 1)`, `lp(L) = ((5 + L) / 6) ** alpha`: L counts the EOS token.
+  hypothesis appears twice.
+- Each step takes the top `beam` candidates over beam x vocab per sentence (each row's
+  log-probs computed in place, then one top-k) and accepts the best `beam - finished` of
+  them; accepted candidates ending in EOS become finished hypotheses and leave the beam, so
+  a sentence's beam shrinks as hypotheses finish (as in Marian/Nematus) and holds at most
+  `beam` finished ones. With `beam_size=1` this is exactly greedy search, whatever alpha.
 - A sentence stops when no hypothesis is alive, or when it has `nbest` finished hypotheses and
   the best alive one cannot beat the `nbest`-th: log-probs only decrease and, for alpha >= 0,
   `lp` only grows with length, so an alive hypothesis with cumulative log-prob `s` can at best
   reach `s / lp(max_len + 1)`. The rule is exact (never drops a hypothesis that could win),
   and the best hypothesis does not depend on `nbest`.
 - Finished sentences leave the batch (their rows are dropped from the caches).
+
+Sampling (`Sampling`, `sample_search`) draws each token instead (back-translation); top-k 1
+is greedy search. With `parallel` CPU threads, `decode_batches` searches that many batches
+at once, one thread each.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from .batching import pack
+from .batching import pack, pad_rows
 from .blocks import LayerCache
 from .config import DecodingSettings
 from .model import Transformer, eval_mode
 
-__all__ = ["DEFAULT_ALPHA", "DEFAULT_MAX_TOKENS", "Hypothesis",
-           "length_penalty", "max_output_lengths", "greedy_search", "beam_search",
-           "search_corpus", "decode_batches"]
+__all__ = ["DEFAULT_ALPHA", "DEFAULT_MAX_TOKENS", "Hypothesis", "Sampling",
+           "length_penalty", "max_output_lengths", "sample_search", "beam_search",
+           "pad_prefixes", "search_corpus", "decode_batches"]
 
 DEFAULT_ALPHA = DecodingSettings.alpha
 DEFAULT_MAX_TOKENS = 2048  # source tokens per decoding batch, padding included, before the beam
@@ -61,6 +67,8 @@ class Hypothesis:
     tokens: list[int]
     score: float  # log_prob / length_penalty(len(tokens) + 1, alpha), used for ranking
     log_prob: float  # sum of the token log-probs, EOS included
+    # encoder-decoder attention (tokens, source + EOS), where an engine was asked for it
+    attention: Tensor | None = field(default=None, compare=False, repr=False)
 
 
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
@@ -105,48 +113,127 @@ def _select_cache(cache: list[LayerCache] | None, rows: Tensor,
             layer.cross_attention.reorder(sentences)
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """Random sampling instead of beam search (back-translation): each step draws the next
+    token from the model's distribution at `temperature`, among the `topk` most likely
+    tokens (0: no limit) and within the smallest set of most likely tokens whose probability
+    reaches `topp` (1.0: no limit). `topk=1` is greedy search. `seed` fixes the draws (for
+    the same sentences, batched the same way)."""
+
+    topk: int = 0
+    topp: float = 1.0
+    temperature: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.topk < 0:
+            raise ValueError(f"sampling_topk must be >= 0 (0: no limit), got {self.topk}")
+        if not 0 < self.topp <= 1:
+            raise ValueError(f"sampling_topp must be in (0, 1], got {self.topp}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+
+    def draw(self, logits: Tensor, generator: torch.Generator | None) -> Tensor:
+        """One token per row of logits (rows, vocab) -> (rows,)."""
+        if self.topk == 1:
+            return logits.argmax(-1)
+        logits = logits / self.temperature
+        if self.topk > 0:  # everything below the k-th largest logit is out
+            kth = logits.topk(min(self.topk, logits.shape[1]), dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.topp < 1:  # out: tokens after the first whose cumulative probability >= p
+            sorted_logits, order = logits.sort(-1, descending=True)
+            sorted_probs = sorted_logits.softmax(-1)
+            out = (sorted_probs.cumsum(-1) - sorted_probs) >= self.topp  # mass before >= p
+            logits = logits.masked_fill(torch.zeros_like(out).scatter(1, order, out),
+                                        float("-inf"))
+        probs = logits.softmax(-1)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
 @torch.no_grad()
-def greedy_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
-                  max_len_a: float = 1.5, max_len_b: int = 10,
-                  use_cache: bool = True) -> list[list[int]]:
-    """Translate a batch greedily -> token ids per sentence, without BOS/EOS. The package
-    decodes with `beam_search(beam_size=1)`, which the tests check equals this plain loop."""
-    max_lens = max_output_lengths(src_valid_lens, max_len_a, max_len_b,
-                                  model.config.max_positions)  # (batch,)
+def sample_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
+                  sampling: Sampling = Sampling(topk=1),
+                  generator: torch.Generator | None = None, alpha: float = DEFAULT_ALPHA,
+                  max_len_a: float = 1.5, max_len_b: int = 10, prefix: Tensor | None = None,
+                  use_cache: bool = True) -> list[Hypothesis]:
+    """Translate a batch one token at a time, each drawn by `sampling` (by default the most
+    likely one: greedy search) -> one hypothesis per sentence. Its log-prob is the model's,
+    whatever the temperature. `prefix` (batch, longest) holds tokens each output must begin
+    with, -1 after a sentence's own (see `pad_prefixes`)."""
     start, eos = model.config.start_id, model.config.eos_id
-    outputs: list[list[int]] = [[] for _ in range(src.shape[0])]
+    max_lens, prefix, prefix_lens = _limits(model, src_valid_lens, max_len_a, max_len_b, prefix)
+    outputs: list[Hypothesis] = [Hypothesis([], 0.0, 0.0)] * src.shape[0]
     with eval_mode(model):
         enc_outputs = model.encode(src, src_valid_lens)
         cache = model.new_cache() if use_cache else None
         tokens = torch.full((src.shape[0], 1), start, dtype=torch.long, device=src.device)
+        log_probs = torch.zeros(src.shape[0], device=src.device)
         sentence = torch.arange(src.shape[0], device=src.device)  # original index of each row
-        for step in range(int(max_lens.max())):
-            next_tokens = _next_logits(model, tokens, enc_outputs, src_valid_lens,
-                                       cache).argmax(-1)  # (rows,)
+        for step in range(int(max_lens.max()) + 1):
+            logits = _next_logits(model, tokens, enc_outputs, src_valid_lens, cache)
+            forced = _forced(step, max_lens, prefix, prefix_lens, eos)  # (rows,)
+            next_tokens = torch.where(forced >= 0, forced, sampling.draw(logits, generator))
+            log_probs += torch.log_softmax(logits, -1, out=logits).gather(
+                1, next_tokens[:, None]).squeeze(1)  # in place, as beam search
             tokens = torch.cat([tokens, next_tokens[:, None]], 1)  # (rows, 2 + step)
-            done = (next_tokens == eos) | (max_lens == step + 1)
+            done = next_tokens == eos
             if not bool(done.any()):
                 continue
             for row in done.nonzero().squeeze(1).tolist():
-                ids = tokens[row, 1:].tolist()
-                outputs[int(sentence[row])] = ids[:-1] if ids[-1] == eos else ids
+                log_prob = float(log_probs[row])
+                outputs[int(sentence[row])] = Hypothesis(
+                    tokens[row, 1:-1].tolist(), log_prob / length_penalty(step + 1, alpha),
+                    log_prob)
             keep = (~done).nonzero().squeeze(1)
             if keep.numel() == 0:
                 break
-            tokens, enc_outputs, src_valid_lens, max_lens, sentence = (
-                x.index_select(0, keep)
-                for x in (tokens, enc_outputs, src_valid_lens, max_lens, sentence))
+            tokens, enc_outputs, src_valid_lens, max_lens, sentence, log_probs, prefix, \
+                prefix_lens = (x.index_select(0, keep) for x in (
+                    tokens, enc_outputs, src_valid_lens, max_lens, sentence, log_probs,
+                    prefix, prefix_lens))
             _select_cache(cache, keep, keep)
     return outputs
+
+
+def _limits(model: Transformer, src_valid_lens: Tensor, max_len_a: float, max_len_b: int,
+            prefix: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """-> each sentence's length limit (at least its prefix), the prefix (batch, P >= 1),
+    -1 padded, and its lengths (batch,)."""
+    max_lens = max_output_lengths(src_valid_lens, max_len_a, max_len_b,
+                                  model.config.max_positions)  # (batch,)
+    if prefix is None:
+        prefix = torch.full((len(src_valid_lens), 1), -1, device=src_valid_lens.device)
+    prefix_lens = (prefix >= 0).sum(1)
+    if int(prefix_lens.max()) >= model.config.max_positions:
+        raise ValueError(f"a prefix of {int(prefix_lens.max())} tokens leaves no room for EOS "
+                         f"within model.max_positions={model.config.max_positions}")
+    return torch.maximum(max_lens, prefix_lens), prefix, prefix_lens
+
+
+def _forced(step: int, max_lens: Tensor, prefix: Tensor, prefix_lens: Tensor,
+            eos: int) -> Tensor:
+    """The token each sentence must take at `step`: its prefix's, EOS at its length limit,
+    else -1 (free) -> (batch,)."""
+    forced = (prefix[:, step] if step < prefix.shape[1]
+              else torch.full_like(prefix_lens, -1))
+    return torch.where(max_lens == step, eos, forced)
+
+
+def pad_prefixes(prefixes: Sequence[Sequence[int]], device: torch.device) -> Tensor:
+    """Per-sentence target prefixes (piece ids) -> (batch, longest or 1), -1 padded."""
+    return pad_rows(prefixes, -1, device)[0]
 
 
 @torch.no_grad()
 def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
                 beam_size: int = 5, nbest: int = 1, alpha: float = DEFAULT_ALPHA,
-                max_len_a: float = 1.5, max_len_b: int = 10,
+                max_len_a: float = 1.5, max_len_b: int = 10, prefix: Tensor | None = None,
                 use_cache: bool = True) -> list[list[Hypothesis]]:
     """Translate a batch with beam search -> the `nbest` best hypotheses per sentence,
-    best first (see the module docstring for the search and stopping rule)."""
+    best first (see the module docstring for the search and stopping rule). `prefix`
+    (batch, longest), -1 padded: tokens each output must begin with (`pad_prefixes`)."""
     if beam_size < 1 or not 1 <= nbest <= beam_size:
         raise ValueError(f"need beam_size >= 1 and 1 <= nbest <= beam_size, got "
                          f"beam_size={beam_size}, nbest={nbest}")
@@ -158,8 +245,7 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
     finished: list[list[Hypothesis]] = [[] for _ in range(num_sentences)]  # best first
     # Per active sentence (a): original index, length limit, open slots, nbest-th score.
     sentence = torch.arange(num_sentences, device=device)
-    max_lens = max_output_lengths(src_valid_lens, max_len_a, max_len_b,
-                                  model.config.max_positions)
+    max_lens, prefix, prefix_lens = _limits(model, src_valid_lens, max_len_a, max_len_b, prefix)
     budget = torch.full((num_sentences,), k, device=device)  # beam slots not yet finished
     kth_score = torch.full((num_sentences,), float("-inf"), device=device)
     scores = torch.zeros(num_sentences, 1, device=device)  # (a, rows per sentence)
@@ -174,8 +260,8 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
         for step in range(int(max_lens.max()) + 1):
             num_active, width = scores.shape
             logits = _next_logits(model, tokens, enc_outputs, src_valid_lens, cache)
-            at_limit = (max_lens == step).repeat_interleave(width)  # (rows,) must end now
-            top_scores, beam, token = _top_candidates(scores, logits, k, at_limit, eos)
+            forced = _forced(step, max_lens, prefix, prefix_lens, eos).repeat_interleave(width)
+            top_scores, beam, token = _top_candidates(scores, logits, k, forced)
             # The shrinking beam: the best `budget` candidates go on (or end, with EOS).
             accepted = (slots[None] < budget[:, None]) & (top_scores > float("-inf"))
             ended = accepted & (token == eos)
@@ -196,42 +282,36 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
             if bool(done.any()):
                 keep = (~done).nonzero().squeeze(1)  # active sentences that go on
                 keep_rows = (keep[:, None] * k + slots).view(-1)
-                scores, budget, kth_score, max_lens, sentence, enc_outputs, src_valid_lens = (
-                    x.index_select(0, keep) for x in (scores, budget, kth_score, max_lens,
-                                                      sentence, enc_outputs, src_valid_lens))
+                scores, budget, kth_score, max_lens, sentence, enc_outputs, src_valid_lens, \
+                    prefix, prefix_lens = (x.index_select(0, keep) for x in (
+                        scores, budget, kth_score, max_lens, sentence, enc_outputs,
+                        src_valid_lens, prefix, prefix_lens))
                 tokens = tokens.index_select(0, keep_rows)
                 _select_cache(cache, keep_rows, keep)
     return [hyps[:nbest] for hyps in finished]
 
 
-def _top_candidates(scores: Tensor, logits: Tensor, k: int, at_limit: Tensor,
-                    eos: int) -> tuple[Tensor, Tensor, Tensor]:
+def _top_candidates(scores: Tensor, logits: Tensor, k: int,
+                    forced: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The k best continuations per sentence, best first: scores (a, width), next-token
     logits (a * width, vocab) -> cumulative scores, source row within the sentence, token;
-    each (a, k). Rows `at_limit` (a * width,) may continue with EOS only. Missing
-    candidates (k > width * vocab: tiny test vocabularies) score -inf.
-
-    Only each row's own k best tokens can be among its sentence's k best, so the whole
-    vocabulary is read twice per row (its log-sum-exp, its top k), and the log-probs are
-    computed for those k tokens only: log p = logit - logsumexp.
-    """
+    each (a, k). A row whose `forced` (a * width,) token is not -1 may continue with that
+    token only (its log-prob kept). Missing candidates (k > width * vocab: tiny test
+    vocabularies) score -inf. `logits` is overwritten."""
     num_active, width = scores.shape
-    per_row = min(k, logits.shape[1])
-    log_norm = logits.logsumexp(-1, keepdim=True)  # (rows, 1)
-    top_logits, top_tokens = logits.topk(per_row, dim=1)  # (rows, per_row)
-    log_probs = top_logits - log_norm
-    eos_only = torch.full_like(log_probs, float("-inf"))
-    eos_only[:, 0] = logits[:, eos] - log_norm[:, 0]
-    log_probs = torch.where(at_limit[:, None], eos_only, log_probs)
-    top_tokens = torch.where(at_limit[:, None], eos, top_tokens)
-    candidates = (log_probs + scores.view(-1, 1)).view(num_active, width * per_row)
-    top_scores, top_index = candidates.topk(min(k, width * per_row), dim=1)
-    token = top_tokens.view(num_active, -1).gather(1, top_index)
+    vocab_size = logits.shape[1]
+    log_probs = torch.log_softmax(logits, -1, out=logits)  # (a * width, vocab), in place
+    rows = (forced >= 0).nonzero().squeeze(1)
+    if len(rows):
+        kept = log_probs[rows, forced[rows]]
+        log_probs[rows] = float("-inf")
+        log_probs[rows, forced[rows]] = kept
+    candidates = log_probs.add_(scores.view(-1, 1)).view(num_active, width * vocab_size)
+    top_scores, top_index = candidates.topk(min(k, width * vocab_size), dim=1)
     if top_scores.shape[1] < k:
         top_scores = F.pad(top_scores, (0, k - top_scores.shape[1]), value=float("-inf"))
         top_index = F.pad(top_index, (0, k - top_index.shape[1]), value=0)
-        token = F.pad(token, (0, k - token.shape[1]), value=eos)
-    return top_scores, top_index // per_row, token
+    return top_scores, top_index // vocab_size, top_index % vocab_size
 
 
 def _collect(finished: list[list[Hypothesis]], kth_score: Tensor, ended: Tensor,
@@ -252,49 +332,86 @@ def _collect(finished: list[list[Hypothesis]], kth_score: Tensor, ended: Tensor,
 
 def search_corpus(model: Transformer, sources: Sequence[Sequence[int]], *,
                   settings: DecodingSettings = DecodingSettings(), nbest: int = 1,
+                  sampling: Sampling | None = None,
+                  prefixes: Sequence[Sequence[int]] | None = None,
                   max_tokens: int = DEFAULT_MAX_TOKENS, use_cache: bool = True,
                   on_progress: Callable[[int], None] | None = None
                   ) -> list[list[Hypothesis]]:
-    """Beam search over many sentences, in input order: the one decoding path of validation,
-    translation and evaluation (batched by `decode_batches`). `sources` are source ids with
-    EOS appended. `beam_size=1` is greedy search."""
+    """Beam search (or, with `sampling`, `sample_search`) over many sentences, in input
+    order: the one decoding path of validation, translation and evaluation (batched by
+    `decode_batches`). `sources` are source ids with EOS appended; `prefixes`, target ids
+    each output must begin with (one list per source, [] for none). `beam_size=1` is
+    greedy search. Sampling draws from one generator seeded with `sampling.seed`."""
     device = model.device
+    options = dict(alpha=settings.alpha, max_len_a=settings.max_len_a,
+                   max_len_b=settings.max_len_b, use_cache=use_cache)
 
-    def search(batch: list[Sequence[int]]) -> list[list[Hypothesis]]:
-        src, src_valid_lens = _pad(batch, model.config.pad_id, device)
+    def search(batch: list[int]) -> list[list[Hypothesis]]:
+        src, src_valid_lens = pad_rows([sources[i] for i in batch], model.config.pad_id,
+                                       device)
+        prefix = None if prefixes is None else pad_prefixes([prefixes[i] for i in batch],
+                                                            device)
+        if sampling is not None:  # a batch's draws depend on the seed and the batch only
+            generator = torch.Generator(device).manual_seed(
+                hash((sampling.seed, batch[0])) & 0x7FFF_FFFF_FFFF_FFFF)
+            return [[hyp] for hyp in sample_search(model, src, src_valid_lens,
+                                                   sampling=sampling, generator=generator,
+                                                   prefix=prefix, **options)]
         return beam_search(model, src, src_valid_lens, beam_size=settings.beam_size,
-                           nbest=nbest, alpha=settings.alpha, max_len_a=settings.max_len_a,
-                           max_len_b=settings.max_len_b, use_cache=use_cache)
+                           nbest=nbest, prefix=prefix, **options)
 
+    if sampling is not None and nbest != 1:
+        raise ValueError(f"sampling gives one output per sentence, not nbest={nbest}")
+    parallel = torch.get_num_threads() if device.type == "cpu" else 1
     return decode_batches(sources, search, nbest=nbest, max_tokens=max_tokens,
-                          on_progress=on_progress)
+                          parallel=parallel, on_progress=on_progress)
 
 
 def decode_batches(sources: Sequence[Sequence[int]],
-                   search: Callable[[list[Sequence[int]]], list[list[Hypothesis]]], *,
-                   nbest: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS,
+                   search: Callable[[list[int]], list[list[Hypothesis]]], *,
+                   nbest: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS, parallel: int = 1,
                    on_progress: Callable[[int], None] | None = None
                    ) -> list[list[Hypothesis]]:
-    """Run `search` (a batch of sources -> n-best lists) over many sentences and return the
-    results in input order; shared by `search_corpus` and the CTranslate2 engine. An empty
-    source gets `nbest` empty hypotheses without a search. Sentences are sorted longest
-    first and packed into batches of at most `max_tokens` padded source tokens (before the
-    beam expands them). `on_progress(n)` is called as sentences are done."""
+    """Run `search` (a batch, as indices into `sources` -> n-best lists) over many
+    sentences and return the results in input order; shared by `search_corpus` and the
+    CTranslate2 engine. An empty source gets `nbest` empty hypotheses without a search.
+    Sentences are sorted longest first and packed into batches of at most `max_tokens`
+    padded source tokens (before the beam expands them). `on_progress(n)` is called as
+    sentences are done.
+
+    `parallel` > 1 (CPU threads): when there are at least that many batches, that many
+    batches are searched at once, each on its own thread with single-threaded operators,
+    as CTranslate2's `inter_threads` does: decoding runs many small operators, which gain
+    little from being split over threads (docs/RESULTS.md, "Decoding speed")."""
     results = [[Hypothesis([], 0.0, 0.0)] * nbest for _ in sources]
     todo = sorted((i for i, ids in enumerate(sources) if ids), key=lambda i: -len(sources[i]))
     if on_progress is not None and len(todo) < len(sources):
         on_progress(len(sources) - len(todo))
-    for batch in pack(todo, [len(ids) for ids in sources], max_tokens):
-        for i, sentence_hyps in zip(batch, search([sources[i] for i in batch]), strict=True):
+    batches = [batch.tolist() for batch in pack(todo, [len(ids) for ids in sources],
+                                                 max_tokens)]
+    for batch, found in _each_searched(batches, search, parallel):
+        for i, sentence_hyps in zip(batch, found, strict=True):
             results[i] = sentence_hyps
         if on_progress is not None:
             on_progress(len(batch))
     return results
 
 
-def _pad(sources: list[Sequence[int]], pad_id: int,
-         device: torch.device) -> tuple[Tensor, Tensor]:
-    """-> src (batch, longest) padded with `pad_id`, src_valid_lens (batch,)."""
-    longest = max(map(len, sources))
-    src = torch.tensor([list(ids) + [pad_id] * (longest - len(ids)) for ids in sources])
-    return src.to(device), torch.tensor([len(ids) for ids in sources], device=device)
+def _each_searched(batches: list[list[int]],
+                   search: Callable[[list[int]], list[list[Hypothesis]]],
+                   parallel: int) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
+    """(batch, its search results) for each batch, in order; `parallel` at a time."""
+    if parallel <= 1 or len(batches) < parallel:
+        yield from ((batch, search(batch)) for batch in batches)
+        return
+
+    def single_threaded(batch: list[int]) -> list[list[Hypothesis]]:
+        torch.set_num_threads(1)  # this worker thread's operators (OpenMP: per thread)
+        return search(batch)
+
+    threads = torch.get_num_threads()
+    try:
+        with ThreadPoolExecutor(parallel, thread_name_prefix="search") as pool:
+            yield from zip(batches, pool.map(single_threaded, batches), strict=True)
+    finally:
+        torch.set_num_threads(threads)

@@ -6,6 +6,10 @@ Endpoints (errors are `{"error": "...", "field": "..."}` with a 4xx/5xx status):
 
 - `POST /translate` `{"text": [...], "beam_size": 5, "nbest": 1}` -> `{"translations": [...]}`
   in input order; with `nbest > 1` each translation is a list of `{"text", "score"}`.
+  Optional fields: `sampling_topk`, `sampling_topp`, `temperature`, `seed` (sampling instead
+  of beam search), `prefix` (one string per sentence that its translation must begin with)
+  and `alignment: true` (`"alignments": ["0-0 1-2", ...]`, or an `"alignment"` per n-best
+  entry).
 - `POST /attention` `{"text": "..."}` -> the sentence's translation, its SentencePiece pieces
   and every attention layer's per-head weights, teacher-forced on that translation (the torch
   engine only; another engine answers 501).
@@ -40,13 +44,16 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from .alignment import AlignmentOptions, format_alignment
 from .attention_maps import KINDS, attention_layers, attention_maps, axis_labels
 from .errors import TransformerError
-from .translator import BaseTranslator, Scored, Translator
+from .search import Sampling
+from .translator import BaseTranslator, Translation, Translator
 
 __all__ = ["MAX_SENTENCES", "MAX_CHARS", "MAX_BEAM", "MAX_BODY_BYTES", "TranslateRequest",
            "AttentionRequest", "ApiError", "read_request", "source_tokens", "BatchLimits",
-           "Batcher", "attention_report", "server_info", "create_app"]
+           "DecodeOptions", "Batcher", "decode_options", "translate_response",
+           "attention_report", "server_info", "create_app"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +77,24 @@ class TranslateRequest(BaseModel):
     text: Annotated[list[Sentence], Field(min_length=1, max_length=MAX_SENTENCES)]
     beam_size: BeamSize | None = None  # None: the translator's default
     nbest: BeamSize = 1
+    # Sampling (`search.Sampling`) instead of beam search when any of these is given.
+    sampling_topk: Annotated[int, Field(ge=0)] | None = None
+    sampling_topp: Annotated[float, Field(gt=0, le=1)] | None = None
+    temperature: Annotated[float, Field(gt=0)] | None = None
+    seed: int | None = None
+    # One per sentence: text its translation must begin with ("" for none).
+    prefix: Annotated[list[Sentence], Field(min_length=1, max_length=MAX_SENTENCES)] | None = None
+    alignment: bool = False  # also the word alignment of each translation ("0-0 1-2")
+
+    def sampling(self) -> Sampling | None:
+        """The sampling options asked for, or None (beam search)."""
+        if self.sampling_topk is None and self.sampling_topp is None and self.temperature is None:
+            if self.seed is not None:
+                raise ApiError(422, "seed: it seeds sampling; give sampling_topk, "
+                                    "sampling_topp or temperature too", "seed")
+            return None
+        return Sampling(topk=self.sampling_topk or 0, topp=self.sampling_topp or 1.0,
+                        temperature=self.temperature or 1.0, seed=self.seed or 0)
 
 
 class AttentionRequest(BaseModel):
@@ -149,18 +174,30 @@ class BatchLimits:
     max_queue: int = 1024
 
 
+@dataclass(frozen=True)
+class DecodeOptions:
+    """A request's decoding options: those of `BaseTranslator.translations` besides the
+    lines and their prefixes."""
+
+    beam_size: int
+    nbest: int = 1
+    sampling: Sampling | None = None
+    alignment: bool = False
+
+
 @dataclass
 class _Job:
     lines: list[str]
-    beam_size: int
-    nbest: int
+    prefixes: list[str] | None
+    options: DecodeOptions
     tokens: int
     future: asyncio.Future = field(repr=False)
 
     @property
-    def key(self) -> tuple[int, int]:
-        """Jobs share a `translate` call only with the same decoding options."""
-        return self.beam_size, self.nbest
+    def key(self) -> Any:
+        """Jobs share a `translations` call only with the same decoding options; a sampling
+        job goes alone, so that its seed gives the same draws whatever else arrives."""
+        return self.options if self.options.sampling is None else id(self)
 
 
 @dataclass
@@ -197,10 +234,10 @@ class Batcher:
         for job in self._held:
             _settle(job, error=ApiError(503, "the server is shutting down"))
 
-    async def translate(self, lines: list[str], beam_size: int, nbest: int,
-                        tokens: int) -> list[Scored]:
+    async def translate(self, lines: list[str], prefixes: list[str] | None,
+                        options: DecodeOptions, tokens: int) -> list[list[Translation]]:
         """Queue the lines and wait for their n-best lists, in input order."""
-        job = _Job(lines, beam_size, nbest, tokens, asyncio.get_running_loop().create_future())
+        job = _Job(lines, prefixes, options, tokens, asyncio.get_running_loop().create_future())
         try:
             self._queue.put_nowait(job)
         except asyncio.QueueFull:
@@ -259,11 +296,17 @@ class Batcher:
             return await asyncio.wait_for(self._queue.get(), remaining)
         return None
 
-    def _translate(self, jobs: list[_Job]) -> list[list[Scored]]:
-        """On the model thread: one `translate` call for all the jobs' lines, split back."""
+    def _translate(self, jobs: list[_Job]) -> list[list[list[Translation]]]:
+        """On the model thread: one `translations` call for all the jobs' lines, split
+        back."""
         lines = [line for job in jobs for line in job.lines]
-        scored = self.translator.translate(lines, beam_size=jobs[0].beam_size,
-                                           nbest=jobs[0].nbest, return_scores=True)
+        prefixes = None
+        if any(job.prefixes is not None for job in jobs):
+            prefixes = [p for job in jobs for p in (job.prefixes or [""] * len(job.lines))]
+        options = jobs[0].options
+        scored = self.translator.translations(
+            lines, beam_size=options.beam_size, nbest=options.nbest, sampling=options.sampling,
+            prefixes=prefixes, alignment=AlignmentOptions() if options.alignment else None)
         self.stats.batches += 1
         self.stats.sentences += len(lines)
         results, start = [], 0
@@ -281,6 +324,43 @@ def _settle(job: _Job, *, result: Any = None, error: Exception | None = None) ->
         job.future.set_exception(error)
     else:
         job.future.set_result(result)
+
+
+def decode_options(translator: BaseTranslator, body: TranslateRequest) -> DecodeOptions:
+    """The request's decoding options, checked against each other (422 naming the field)."""
+    sampling = body.sampling()
+    beam_size = body.beam_size or translator.decoding.beam_size
+    if sampling is not None and body.beam_size not in (None, 1):
+        raise ApiError(422, "beam_size: sampling draws one translation per sentence; leave "
+                            "beam_size out", "beam_size")
+    if sampling is not None and body.nbest > 1:
+        raise ApiError(422, "nbest: sampling draws one translation per sentence", "nbest")
+    if body.nbest > beam_size:
+        raise ApiError(422, f"nbest ({body.nbest}) must be at most the beam size "
+                            f"({beam_size})", "nbest")
+    if body.prefix is not None and len(body.prefix) != len(body.text):
+        raise ApiError(422, f"prefix: {len(body.prefix)} prefixes for {len(body.text)} "
+                            f"sentences; give one per sentence (\"\" for none)", "prefix")
+    return DecodeOptions(1 if sampling else beam_size, body.nbest, sampling, body.alignment)
+
+
+def translate_response(results: list[list[Translation]],
+                       options: DecodeOptions) -> dict[str, Any]:
+    """The body answering /translate: translations (strings, or n-best lists of text and
+    score), and with `alignment` their word alignments in the same shape."""
+    if options.nbest == 1:
+        answer: dict[str, Any] = {"translations": [hyps[0].text for hyps in results]}
+        if options.alignment:
+            answer["alignments"] = [format_alignment(hyps[0].alignment) for hyps in results]
+        return answer
+    return {"translations": [[_scored(t, options.alignment) for t in hyps] for hyps in results]}
+
+
+def _scored(translation: Translation, alignment: bool) -> dict[str, Any]:
+    entry: dict[str, Any] = {"text": translation.text, "score": translation.score}
+    if alignment:
+        entry["alignment"] = format_alignment(translation.alignment)
+    return entry
 
 
 # ---- attention and info ---------------------------------------------------------------------
@@ -374,16 +454,10 @@ def create_app(translator: BaseTranslator, batching: BatchLimits = BatchLimits()
     @app.post("/translate", openapi_extra=_body_schema(TranslateRequest))
     async def translate(request: Request) -> dict[str, Any]:
         body = await read_request(request, TranslateRequest)
-        beam_size = body.beam_size or translator.decoding.beam_size
-        if body.nbest > beam_size:
-            raise ApiError(422, f"nbest ({body.nbest}) must be at most the beam size "
-                                f"({beam_size})", "nbest")
+        options = decode_options(translator, body)
         tokens = sum(source_tokens(translator, body.text))
-        scored = await state["batcher"].translate(body.text, beam_size, body.nbest, tokens)
-        if body.nbest == 1:
-            return {"translations": [hyps[0][0] for hyps in scored]}
-        return {"translations": [[{"text": text, "score": score} for text, score in hyps]
-                                 for hyps in scored]}
+        results = await state["batcher"].translate(body.text, body.prefix, options, tokens)
+        return translate_response(results, options)
 
     @app.post("/attention", openapi_extra=_body_schema(AttentionRequest))
     async def attention(request: Request) -> dict[str, Any]:

@@ -160,15 +160,24 @@ class ParallelCorpus:
                keep_text: bool = False) -> ParallelCorpus:
         """Encode every sentence of `text` into arrays in memory (multithreaded
         SentencePiece)."""
-        dtype = id_dtype(max(tokenizers.src.vocab_size, tokenizers.tgt.vocab_size))
-        src_ids, src_lens = _flatten(tokenizers.src.encode_batch(text.src), dtype)
-        tgt_ids, tgt_lens = _flatten(tokenizers.tgt.encode_batch(text.tgt), dtype)
-        corpus = cls(src_ids, _offsets(src_lens), tgt_ids, _offsets(tgt_lens),
-                     np.asarray(text.lines, dtype=np.int64),
-                     special_ids=tokenizers.tgt.specials)
+        corpus = cls.from_ids(tokenizers.src.encode_batch(text.src),
+                              tokenizers.tgt.encode_batch(text.tgt), tokenizers.tgt.specials,
+                              max(tokenizers.src.vocab_size, tokenizers.tgt.vocab_size),
+                              text.lines)
         if keep_text:
             corpus.src_text, corpus.tgt_text = text.src, text.tgt
         return corpus
+
+    @classmethod
+    def from_ids(cls, src: list[list[int]], tgt: list[list[int]], special_ids: SpecialIds,
+                 vocab_size: int, lines: Sequence[int] | None = None) -> ParallelCorpus:
+        """Pairs of piece ids (no BOS/EOS) in memory; `lines` default to 0, 1, 2, ..."""
+        dtype = id_dtype(vocab_size)
+        src_ids, src_lens = _flatten(src, dtype)
+        tgt_ids, tgt_lens = _flatten(tgt, dtype)
+        lines = np.arange(len(src)) if lines is None else lines
+        return cls(src_ids, _offsets(src_lens), tgt_ids, _offsets(tgt_lens),
+                   np.asarray(lines, dtype=np.int64), special_ids=special_ids)
 
     @classmethod
     def open(cls, directory: PathLike) -> ParallelCorpus:

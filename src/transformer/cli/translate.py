@@ -4,6 +4,9 @@
         [--beam-size 5] [--nbest 1] [--max-tokens N] [--device auto] [--threads N]
         [--engine torch|ctranslate2] [--reference FILE]
         [--paper-protocol TOKENIZED_REFERENCE [--paper-lang de]]
+        [--sampling-topk K] [--sampling-topp P] [--temperature T] [--seed S]
+        [--prefix FILE] [--alignment [--alignment-layer L] [--alignment-head H]]
+    transformer translate --checkpoint ... --input FILE --score --reference FILE
 
 `--engine ctranslate2` translates with CTranslate2 from a directory written by
 `transformer export` (given as `--checkpoint`), with the same options and output.
@@ -15,7 +18,17 @@ size and length penalty default to those stored in the checkpoint by
 `--nbest K`: K lines per input line, `LINE_NUMBER<TAB>SCORE<TAB>TRANSLATION`, best first.
 With `--reference`: BLEU and chrF with their signatures on stderr, as the sacrebleu CLI
 prints them. With `--paper-protocol`: BLEU as published Multi30k results compute it
-(lowercased, Moses-normalized and -tokenized, `--tokenize none`). Errors (bad checkpoint,
+(lowercased, Moses-normalized and -tokenized, `--tokenize none`).
+
+Modes: `--sampling-topk/--sampling-topp/--temperature` draw each translation at random
+(back-translation; `--seed` makes it repeatable) instead of beam search. `--prefix FILE`:
+line i's translation begins with line i of FILE (an empty line: no prefix). `--alignment`
+adds a tab and the word alignment (`0-0 1-2`, source word - output word) to each output
+line, from the encoder-decoder attention of the last decoder layer averaged over heads (or
+`--alignment-layer`/`--alignment-head`). `--score --reference FILE` translates nothing: it
+prints for each input line the model's log-probability of the reference line as its
+translation and the length-normalised score (as the search ranks), tab-separated.
+Errors (bad checkpoint,
 unreadable input, missing sacremoses, ...) print one line and exit 1, before translating.
 `python scripts/translate.py` is the same command.
 """
@@ -32,13 +45,20 @@ from pathlib import Path
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from ..alignment import AlignmentOptions
 from ..config import DecodingSettings
 from ..engines import ENGINES, load_translator
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from ..files import atomic_write
-from ..search import DEFAULT_MAX_TOKENS
+from ..search import DEFAULT_MAX_TOKENS, Sampling
 from ..text import iter_lines, read_lines
-from ..translator import bleu_report, paper_protocol, translate_lines
+from ..translator import (
+    BaseTranslator,
+    bleu_report,
+    paper_protocol,
+    score_lines,
+    translate_lines,
+)
 from . import report_errors
 
 
@@ -77,6 +97,27 @@ def build_parser() -> argparse.ArgumentParser:
                         "e.g. multi30k/tok/test_2016_flickr.lc.norm.tok.de")
     p.add_argument("--paper-lang", help="language for --paper-protocol's normalizer and "
                                         "tokenizer (default: the reference's file extension)")
+    sampling = p.add_argument_group("sampling (instead of beam search)")
+    sampling.add_argument("--sampling-topk", type=int, metavar="K",
+                          help="draw from the K most likely tokens (0: all; 1: greedy)")
+    sampling.add_argument("--sampling-topp", type=float, metavar="P",
+                          help="draw from the most likely tokens that make up probability P")
+    sampling.add_argument("--temperature", type=float, metavar="T",
+                          help="divide the logits by T before drawing (default 1)")
+    sampling.add_argument("--seed", type=int, help="seed of the draws (default 0)")
+    modes = p.add_argument_group("prefixes, alignments, scores")
+    modes.add_argument("--prefix", type=Path, metavar="FILE",
+                       help="one line per input line: text its translation must begin with")
+    modes.add_argument("--alignment", action="store_true",
+                       help="add each translation's word alignment (i-j pairs) after a tab")
+    modes.add_argument("--alignment-layer", type=int, default=-1, metavar="L",
+                       help="decoder layer whose encoder-decoder attention aligns "
+                            "(default -1: the last)")
+    modes.add_argument("--alignment-head", type=int, metavar="H",
+                       help="one head of that layer (default: the average over heads)")
+    modes.add_argument("--score", action="store_true",
+                       help="print the log-probability and normalised score of each "
+                            "--reference line as the translation of the input line")
     return p
 
 
@@ -91,13 +132,18 @@ def _count_lines(path: Path) -> int:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.score:
+        return run_score(args)
     references = read_lines(args.reference) if args.reference else None
+    prefixes = read_lines(args.prefix) if args.prefix else None
     paper_refs = read_lines(args.paper_protocol) if args.paper_protocol else None
     interactive = args.input is None and sys.stdin.isatty()
     total = _count_lines(args.input) if args.input else None
-    for path, refs in ((args.reference, references), (args.paper_protocol, paper_refs)):
+    for path, refs in ((args.reference, references), (args.paper_protocol, paper_refs),
+                       (args.prefix, prefixes)):
         if refs is not None and total is not None and total != len(refs):
-            raise DataError(f"the reference {path} has {len(refs)} lines but the input "
+            kind = "--prefix" if path is args.prefix else "the reference"
+            raise DataError(f"{kind} {path} has {len(refs)} lines but the input "
                             f"{args.input} has {total}")
     if paper_refs is not None:
         lang = _paper_lang(args)
@@ -106,11 +152,12 @@ def run(args: argparse.Namespace) -> None:
                                  threads=args.threads)
     settings = translator.settings(beam_size=args.beam_size, alpha=args.alpha,
                                    max_len_a=args.max_len_a, max_len_b=args.max_len_b)
+    sampling, alignment = _sampling(args), _alignment(args, translator)
     mapped = translator.vocab_map  # CTranslate2 exports may have one
-    print(f"decoding: {_describe(settings, translator.decoding, args)}"
+    print(f"decoding: {_describe(settings, translator.decoding, args, sampling)}"
           + (f", over the candidates of a vocabulary map ({mapped['source_pieces']:,} source "
              f"pieces)" if mapped else ""), file=sys.stderr)
-    if args.nbest > settings.beam_size:
+    if sampling is None and args.nbest > settings.beam_size:
         raise DataError(f"--nbest {args.nbest} is larger than the beam size "
                         f"{settings.beam_size}")
     with contextlib.ExitStack() as stack:
@@ -127,7 +174,8 @@ def run(args: argparse.Namespace) -> None:
             keep=references is not None or paper_refs is not None, on_progress=bar.update,
             nbest=args.nbest, beam_size=settings.beam_size, alpha=settings.alpha,
             max_tokens=args.max_tokens, max_len_a=settings.max_len_a,
-            max_len_b=settings.max_len_b)
+            max_len_b=settings.max_len_b, sampling=sampling, prefixes=prefixes,
+            alignment=alignment)
     if references is not None:
         for line in bleu_report(hypotheses, references):
             print(line, file=sys.stderr)
@@ -139,17 +187,69 @@ def run(args: argparse.Namespace) -> None:
             print(line, file=sys.stderr)
 
 
+def run_score(args: argparse.Namespace) -> None:
+    """`--score`: forced decoding of each input line's reference line."""
+    sources = read_lines(args.input)
+    targets = read_lines(args.reference)
+    if len(sources) != len(targets):
+        raise DataError(f"the reference {args.reference} has {len(targets)} lines but the "
+                        f"input {args.input} has {len(sources)}")
+    translator = load_translator(args.checkpoint, args.engine, device=args.device,
+                                 threads=args.threads)
+    alpha = translator.settings(alpha=args.alpha).alpha
+    print(f"scoring {len(sources):,} translations: log-prob and log-prob / length penalty "
+          f"(alpha {alpha:g})", file=sys.stderr)
+    with contextlib.ExitStack() as stack:
+        out = (stack.enter_context(atomic_write(args.output, text=True)) if args.output
+               else sys.stdout)
+        bar = stack.enter_context(tqdm(total=len(sources), unit="pair", file=sys.stderr,
+                                       dynamic_ncols=True))
+        score_lines(translator, sources, targets, out, chunk_lines=args.chunk_lines,
+                    on_progress=bar.update, alpha=alpha, max_tokens=args.max_tokens)
+
+
+def _sampling(args: argparse.Namespace) -> Sampling | None:
+    """The sampling options given, or None: beam search."""
+    if args.sampling_topk is None and args.sampling_topp is None and args.temperature is None:
+        return None
+    return Sampling(topk=0 if args.sampling_topk is None else args.sampling_topk,
+                    topp=1.0 if args.sampling_topp is None else args.sampling_topp,
+                    temperature=1.0 if args.temperature is None else args.temperature,
+                    seed=args.seed or 0)
+
+
+def _alignment(args: argparse.Namespace, translator: BaseTranslator) -> AlignmentOptions | None:
+    """The alignment options, checked against the model's layers and heads."""
+    if not args.alignment:
+        return None
+    options = AlignmentOptions(args.alignment_layer, args.alignment_head)
+    c = translator.model_config
+    layer = options.layer % c.num_decoder_layers if -c.num_decoder_layers <= options.layer \
+        < c.num_decoder_layers else None
+    if layer is None:
+        raise ConfigError(f"--alignment-layer must be in [{-c.num_decoder_layers}, "
+                          f"{c.num_decoder_layers}) for this model, got {options.layer}")
+    pruned = c.pruned_heads.get(f"decoder.blks.{layer}.attention2", [])
+    heads = [h for h in range(c.num_heads + len(pruned)) if h not in pruned]
+    if options.head is not None and options.head not in heads:
+        raise ConfigError(f"--alignment-head {options.head} is not a head of decoder layer "
+                          f"{layer} (heads {heads})")
+    return options
+
+
 def _describe(settings: DecodingSettings, stored: DecodingSettings,
-              args: argparse.Namespace) -> str:
+              args: argparse.Namespace, sampling: Sampling | None = None) -> str:
     """E.g. "beam 5, alpha 2.5 (from the checkpoint), max length 1.5 * source + 10"."""
     def origin(name: str) -> str:
         given = getattr(args, name) is not None
         chosen = getattr(stored, name) != getattr(DecodingSettings(), name)
         return "" if given or not chosen else " (from the checkpoint)"
 
-    return (f"beam {settings.beam_size}{origin('beam_size')}, alpha {settings.alpha:g}"
-            f"{origin('alpha')}, max length {settings.max_len_a:g} * source + "
-            f"{settings.max_len_b}")
+    search = (f"beam {settings.beam_size}{origin('beam_size')}" if sampling is None else
+              f"sampling (top-k {sampling.topk or 'all'}, top-p {sampling.topp:g}, "
+              f"temperature {sampling.temperature:g}, seed {sampling.seed})")
+    return (f"{search}, alpha {settings.alpha:g}{origin('alpha')}, max length "
+            f"{settings.max_len_a:g} * source + {settings.max_len_b}")
 
 
 def _paper_lang(args: argparse.Namespace) -> str:
@@ -158,6 +258,35 @@ def _paper_lang(args: argparse.Namespace) -> str:
         raise DataError(f"cannot tell the language of {args.paper_protocol} from its extension; "
                         f"give --paper-lang (e.g. de)")
     return lang
+
+
+def _check_modes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Options that cannot go together, or out of range: one line naming the option."""
+    sampling = [name for name in ("--sampling-topk", "--sampling-topp", "--temperature")
+                if getattr(args, name[2:].replace("-", "_")) is not None]
+    if args.temperature is not None and args.temperature <= 0:
+        parser.error("--temperature must be > 0 (greedy search: --beam-size 1)")
+    if args.sampling_topk is not None and args.sampling_topk < 0:
+        parser.error("--sampling-topk must be >= 0 (0: all tokens)")
+    if args.sampling_topp is not None and not 0 < args.sampling_topp <= 1:
+        parser.error("--sampling-topp must be in (0, 1]")
+    if args.seed is not None and not sampling:
+        parser.error("--seed seeds sampling: give --sampling-topk, --sampling-topp or "
+                     "--temperature too")
+    if sampling and (args.beam_size not in (None, 1) or args.nbest > 1):
+        parser.error(f"{sampling[0]} draws one translation per line: it excludes "
+                     f"--beam-size and --nbest")
+    if (args.alignment_layer != -1 or args.alignment_head is not None) and not args.alignment:
+        parser.error("--alignment-layer and --alignment-head need --alignment")
+    if args.score:
+        if args.reference is None or args.input is None:
+            parser.error("--score needs --input and --reference (the translations to score)")
+        others = [name for name, given in (
+            ("--paper-protocol", args.paper_protocol), ("--prefix", args.prefix),
+            ("--alignment", args.alignment), ("--nbest", args.nbest > 1),
+            (sampling[0] if sampling else "", sampling)) if given]
+        if others:
+            parser.error(f"--score scores given translations: it excludes {others[0]}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -170,5 +299,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "--alpha >= 0")
     if args.beam_size is not None and args.nbest > args.beam_size:
         parser.error("--nbest must be between 1 and --beam-size")
+    _check_modes(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     return report_errors(lambda: run(args))

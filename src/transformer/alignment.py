@@ -1,0 +1,105 @@
+"""Word alignments from encoder-decoder attention, in the Pharaoh `i-j` form.
+
+    0-0 1-2 2-1 3-3      (source word i, output word j, both from 0; pairs sorted)
+
+Marian's `--alignment`, fairseq's `--print-alignment` and CTranslate2's `return_attention`
+give the same: each output piece is aligned to the source piece it attends to most in the
+encoder-decoder attention of one decoder layer (by default the last, averaged over its
+heads). Here the weights come from one teacher-forced pass over the finished translation
+(`attention_weights`), which equals what each decoding step computed, and pieces are merged
+back into whitespace words (`word_alignment`): a SentencePiece piece that starts with "▁"
+begins a word. The source's EOS is never an alignment point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .batching import pack, pad_rows
+from .model import Transformer, eval_mode
+
+__all__ = ["AlignmentOptions", "attention_weights", "word_alignment", "format_alignment"]
+
+WORD_START = "\u2581"  # SentencePiece's "▁": the piece begins a whitespace word
+
+
+@dataclass(frozen=True)
+class AlignmentOptions:
+    """Which encoder-decoder attention aligns: a decoder layer (from 0; negative counts
+    from the last) and one head (its original index) or None, the average over heads."""
+
+    layer: int = -1
+    head: int | None = None
+
+    def check(self, num_layers: int, head_ids: Sequence[int]) -> None:
+        """Raise ValueError naming the option when the model has no such layer or head."""
+        if not -num_layers <= self.layer < num_layers:
+            raise ValueError(f"alignment_layer must be in [{-num_layers}, {num_layers}) for "
+                             f"this model's {num_layers} decoder layers, got {self.layer}")
+        if self.head is not None and self.head not in head_ids:
+            raise ValueError(f"alignment_head {self.head} is not a head of that layer "
+                             f"(heads {list(head_ids)})")
+
+
+@torch.no_grad()
+def attention_weights(model: Transformer, sources: Sequence[Sequence[int]],
+                      outputs: Sequence[Sequence[int]], options: AlignmentOptions,
+                      max_tokens: int) -> list[Tensor]:
+    """Teacher-forced encoder-decoder attention of each output given its source: per pair
+    (output pieces, source pieces + EOS) float32 on the CPU; row j is the attention of the
+    step that produced output piece j. `sources` are ids with EOS, `outputs` without EOS;
+    pairs are batched by length, at most `max_tokens` padded positions per side."""
+    c = model.config
+    module = model.decoder.blks[options.layer].attention2
+    options.check(c.num_decoder_layers, module.head_ids)
+    sizes = [max(len(s), len(o) + 1) for s, o in zip(sources, outputs, strict=True)]
+    weights: list[Tensor] = [torch.empty(0)] * len(sources)
+    flag, module.need_weights = module.need_weights, True
+    try:
+        with eval_mode(model):
+            for batch in pack(sorted(range(len(sizes)), key=lambda i: -sizes[i]), sizes,
+                              max_tokens):
+                batch = batch.tolist()
+                src, src_lens = pad_rows([sources[i] for i in batch], c.pad_id, model.device)
+                tgt_in, _ = pad_rows([[c.start_id, *outputs[i]] for i in batch], c.pad_id,
+                                    model.device)
+                model.decoder(tgt_in, model.encode(src, src_lens), src_lens)
+                heads = module.head_attention_weights  # (batch, heads, tgt_len, src_len)
+                picked = (heads.mean(1) if options.head is None
+                          else heads[:, module.head_ids.index(options.head)])
+                for row, i in enumerate(batch):
+                    weights[i] = picked[row, :len(outputs[i]), :len(sources[i])].float().cpu()
+    finally:
+        module.need_weights = flag
+        module.attention.attention_weights = None
+    return weights
+
+
+def _word_numbers(pieces: Sequence[str]) -> list[int]:
+    """The whitespace word each piece belongs to, from 0."""
+    numbers, word = [], -1
+    for piece in pieces:
+        if piece.startswith(WORD_START) or word < 0:
+            word += 1
+        numbers.append(word)
+    return numbers
+
+
+def word_alignment(weights: Tensor, src_pieces: Sequence[str],
+                   out_pieces: Sequence[str]) -> list[tuple[int, int]]:
+    """Attention (output pieces, source pieces [+ EOS]) -> sorted (source word, output
+    word) pairs: each output piece aligns to the source piece it weighs most, EOS aside."""
+    if not out_pieces or not src_pieces:
+        return []
+    src_words, out_words = _word_numbers(src_pieces), _word_numbers(out_pieces)
+    best = weights[:len(out_pieces), :len(src_pieces)].argmax(-1).tolist()
+    return sorted({(src_words[s], out_words[j]) for j, s in enumerate(best)})
+
+
+def format_alignment(pairs: Sequence[tuple[int, int]]) -> str:
+    """[(0, 0), (1, 2)] -> "0-0 1-2"."""
+    return " ".join(f"{i}-{j}" for i, j in pairs)
