@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 import torch
+from reference_search import reference_beam_search
 
 from transformer.config import DecodingSettings
 from transformer.model import ModelConfig, Transformer
@@ -21,6 +22,7 @@ from transformer.search import (
     search_corpus,
 )
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.translator import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -330,3 +332,27 @@ def test_prefix_scores_are_the_forced_tokens_log_probs(model):
         expected = torch.log_softmax(logits, -1)[torch.arange(len(out)), out].sum().item()
     assert hyp.log_prob == pytest.approx(expected, abs=1e-4)
 
+
+# ---- the fast search equals a plain one ---------------------------------------------------
+
+@pytest.mark.parametrize("beam_size, nbest, alpha", [(1, 1, 1.0), (5, 1, 1.0), (5, 3, 2.0)])
+def test_fast_search_equals_the_plain_reference(en_de_checkpoint, multi30k_lines, beam_size,
+                                                nbest, alpha):
+    """Cached, batched, preallocated, parallel: the same hypotheses and scores as a plain
+    search of one sentence at a time without a cache (tests/reference_search.py), on a
+    model trained on Multi30k."""
+    translator = Translator.load(en_de_checkpoint, device="cpu")
+    model = translator.model
+    sources = translator._encode(multi30k_lines("test_2016_flickr.en.gz")[:40], 0)
+    settings = DecodingSettings(beam_size=beam_size, alpha=alpha)
+    torch.set_num_threads(2)  # two batches at a time
+    fast = search_corpus(model, sources, settings=settings, nbest=nbest, max_tokens=200)
+    limits = max_output_lengths(torch.tensor([len(s) for s in sources]), 1.5, 10,
+                                model.config.max_positions).tolist()
+    for src, hyps, limit in zip(sources, fast, limits, strict=True):
+        reference = reference_beam_search(model, src, beam_size=beam_size, nbest=nbest,
+                                          alpha=alpha, max_len=limit)
+        assert [h.tokens for h in hyps] == [h.tokens for h in reference]
+        for h, r in zip(hyps, reference, strict=True):
+            assert h.log_prob == pytest.approx(r.log_prob, abs=1e-4)
+            assert h.score == pytest.approx(r.score, abs=1e-4)

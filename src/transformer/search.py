@@ -17,19 +17,18 @@ Conventions shared by both searches:
 - A finished hypothesis of `n` output tokens plus EOS has the GNMT length-normalised score
   `log_prob / lp(n + 1)`, `lp(L) = ((5 + L) / 6) ** alpha`: L counts the EOS token.
 
-Beam search, in short (rows = sentences x beam, scores = cumulative log-probs):
-- Step 0 decodes one row per sentence and its top `beam` tokens start the beam, so no
-  hypothesis appears twice.
-- Each step takes the top `beam` candidates over beam x vocab per sentence (each row's
-  log-probs computed in place, then one top-k) and accepts the best `beam - finished` of
-  them; accepted candidates ending in EOS become finished hypotheses and leave the beam, so
-  a sentence's beam shrinks as hypotheses finish (as in Marian/Nematus) and holds at most
-  `beam` finished ones. With `beam_size=1` this is exactly greedy search, whatever alpha.
-- A sentence stops when no hypothesis is alive, or when it has `nbest` finished hypotheses and
-  the best alive one cannot beat the `nbest`-th: log-probs only decrease and, for alpha >= 0,
-  `lp` only grows with length, so an alive hypothesis with cumulative log-prob `s` can at best
-  reach `s / lp(max_len + 1)`. The rule is exact (never drops a hypothesis that could win),
-  and the best hypothesis does not depend on `nbest`.
+Beam search, in short (rows = sentences x beam, scores = cumulative log-probs), as fairseq
+and CTranslate2 search:
+- Step 0 decodes one row per sentence and its best tokens start the beam, so no hypothesis
+  appears twice.
+- Each step takes the best 2 * beam candidates over beam x vocab per sentence (each row's
+  log-probs computed in place, then one top-k). Candidates ending in EOS among the best
+  `beam` become finished hypotheses; the best `beam` others go on, so the beam stays full
+  (with `beam_size=1` this is exactly greedy search, whatever alpha).
+- A sentence stops when it has `beam` finished hypotheses, or earlier when the best alive
+  one cannot beat its `nbest`-th finished one: log-probs only decrease and, for alpha >= 0,
+  `lp` only grows with length, so an alive hypothesis with cumulative log-prob `s` can at
+  best reach `s / lp(max_len + 1)`. All finished hypotheses are ranked by their GNMT score.
 - Finished sentences leave the batch (their rows are dropped from the caches).
 
 Sampling (`Sampling`, `sample_search`) draws each token instead (back-translation); top-k 1
@@ -243,13 +242,14 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
     start, eos = model.config.start_id, model.config.eos_id
     num_sentences = src.shape[0]
     finished: list[list[Hypothesis]] = [[] for _ in range(num_sentences)]  # best first
-    # Per active sentence (a): original index, length limit, open slots, nbest-th score.
+    # Per active sentence (a): original index, length limit, hypotheses finished so far
+    # and the nbest-th best of their scores.
     sentence = torch.arange(num_sentences, device=device)
     max_lens, prefix, prefix_lens = _limits(model, src_valid_lens, max_len_a, max_len_b, prefix)
-    budget = torch.full((num_sentences,), k, device=device)  # beam slots not yet finished
+    num_finished = torch.zeros(num_sentences, dtype=torch.long, device=device)
     kth_score = torch.full((num_sentences,), float("-inf"), device=device)
     scores = torch.zeros(num_sentences, 1, device=device)  # (a, rows per sentence)
-    slots = torch.arange(k, device=device)
+    ranks = torch.arange(2 * k, device=device)
     with eval_mode(model):
         # Step 0 runs one row per sentence, then each row becomes its sentence's k beams:
         # rows a * k + j. The encoder outputs and the cross-attention cache keep one row
@@ -261,30 +261,37 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
             num_active, width = scores.shape
             logits = _next_logits(model, tokens, enc_outputs, src_valid_lens, cache)
             forced = _forced(step, max_lens, prefix, prefix_lens, eos).repeat_interleave(width)
-            top_scores, beam, token = _top_candidates(scores, logits, k, forced)
-            # The shrinking beam: the best `budget` candidates go on (or end, with EOS).
-            accepted = (slots[None] < budget[:, None]) & (top_scores > float("-inf"))
-            ended = accepted & (token == eos)
-            rows = (torch.arange(num_active, device=device)[:, None] * width + beam).view(-1)
-            tokens = torch.cat([tokens.index_select(0, rows), token.view(-1, 1)], 1)
-            _select_cache(cache, rows)
+            # 1. The best 2k candidates: at most k end in EOS (one per row), so at least k
+            #    others remain to fill the beam.
+            top_scores, beam, token = _top_candidates(scores, logits, 2 * k, forced)  # (a, 2k)
+            parents = torch.arange(num_active, device=device)[:, None] * width + beam
+            alive = top_scores > float("-inf")
+            # 2. EOS candidates among the best k finish; the best k others go on.
+            ended = alive & (token == eos) & (ranks < k)
+            going_on = alive & (token != eos)
+            pick = torch.argsort((~going_on).byte(), dim=1, stable=True)[:, :k]  # (a, k)
             if bool(ended.any()):
-                _collect(finished, kth_score, ended, tokens, top_scores, sentence, step,
-                         alpha, nbest)
-                budget = budget - ended.sum(1)
-            scores = top_scores.masked_fill(~accepted | ended, float("-inf"))  # (a, k)
-            # Stop a sentence when nothing alive can beat its nbest-th finished hypothesis
-            # (nothing alive: -inf, which is <= any score).
+                _collect(finished, kth_score, ended, tokens, parents, top_scores, sentence,
+                         step, alpha, nbest)
+                num_finished += ended.sum(1)
+            rows = parents.gather(1, pick).view(-1)  # (a * k,) the hypotheses that go on
+            tokens = torch.cat([tokens.index_select(0, rows), token.gather(1, pick).view(-1, 1)],
+                               1)
+            _select_cache(cache, rows)
+            scores = top_scores.gather(1, pick).masked_fill(~going_on.gather(1, pick),
+                                                            float("-inf"))  # (a, k)
+            # 3. A sentence stops when it has k finished hypotheses, or when nothing alive
+            #    can beat its nbest-th finished one (nothing alive: -inf, <= any score).
             best_reachable = scores.max(1).values / length_penalty(max_lens + 1, alpha)
-            done = best_reachable <= kth_score
+            done = (best_reachable <= kth_score) | (num_finished >= k)
             if bool(done.all()):
                 break
             if bool(done.any()):
                 keep = (~done).nonzero().squeeze(1)  # active sentences that go on
-                keep_rows = (keep[:, None] * k + slots).view(-1)
-                scores, budget, kth_score, max_lens, sentence, enc_outputs, src_valid_lens, \
-                    prefix, prefix_lens = (x.index_select(0, keep) for x in (
-                        scores, budget, kth_score, max_lens, sentence, enc_outputs,
+                keep_rows = (keep[:, None] * k + ranks[:k]).view(-1)
+                scores, num_finished, kth_score, max_lens, sentence, enc_outputs, \
+                    src_valid_lens, prefix, prefix_lens = (x.index_select(0, keep) for x in (
+                        scores, num_finished, kth_score, max_lens, sentence, enc_outputs,
                         src_valid_lens, prefix, prefix_lens))
                 tokens = tokens.index_select(0, keep_rows)
                 _select_cache(cache, keep_rows, keep)
@@ -315,16 +322,17 @@ def _top_candidates(scores: Tensor, logits: Tensor, k: int,
 
 
 def _collect(finished: list[list[Hypothesis]], kth_score: Tensor, ended: Tensor,
-             tokens: Tensor, top_scores: Tensor, sentence: Tensor, step: int, alpha: float,
-             nbest: int) -> None:
-    """Store the hypotheses that just ended (`ended` (a, k)); update each sentence's
-    nbest-th best score. `tokens` rows are BOS + output + EOS."""
-    k = ended.shape[1]
+             tokens: Tensor, parents: Tensor, top_scores: Tensor, sentence: Tensor, step: int,
+             alpha: float, nbest: int) -> None:
+    """Store the hypotheses that just ended (`ended` (a, 2k): candidate j of active sentence
+    a, continuing row `parents[a, j]` of `tokens` (BOS + output) with EOS); update each
+    sentence's nbest-th best score."""
     penalty = length_penalty(step + 1, alpha)  # step + 1 tokens generated, EOS included
     for a, j in ended.nonzero().tolist():
         log_prob = float(top_scores[a, j])
         hyps = finished[int(sentence[a])]
-        hyps.append(Hypothesis(tokens[a * k + j, 1:-1].tolist(), log_prob / penalty, log_prob))
+        hyps.append(Hypothesis(tokens[int(parents[a, j]), 1:].tolist(), log_prob / penalty,
+                               log_prob))
         hyps.sort(key=lambda h: -h.score)
         if len(hyps) >= nbest:
             kth_score[a] = hyps[nbest - 1].score
