@@ -134,21 +134,25 @@ class Sampling:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
 
     def draw(self, logits: Tensor, generator: torch.Generator | None) -> Tensor:
-        """One token per row of logits (rows, vocab) -> (rows,)."""
+        """One token per row of logits (rows, vocab) -> (rows,), by inverse transform
+        sampling over the candidates: one uniform number per row (`torch.multinomial` draws
+        one per row and token)."""
         if self.topk == 1:
             return logits.argmax(-1)
-        logits = logits / self.temperature
-        if self.topk > 0:  # everything below the k-th largest logit is out
-            kth = logits.topk(min(self.topk, logits.shape[1]), dim=-1).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        if self.topp < 1:  # out: tokens after the first whose cumulative probability >= p
-            sorted_logits, order = logits.sort(-1, descending=True)
-            sorted_probs = sorted_logits.softmax(-1)
-            out = (sorted_probs.cumsum(-1) - sorted_probs) >= self.topp  # mass before >= p
-            logits = logits.masked_fill(torch.zeros_like(out).scatter(1, order, out),
-                                        float("-inf"))
-        probs = logits.softmax(-1)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        if self.topk > 0:  # the k most likely tokens, most likely first
+            values, tokens = logits.topk(min(self.topk, logits.shape[1]), dim=-1)
+        elif self.topp < 1:
+            values, tokens = logits.sort(-1, descending=True)
+        else:
+            values, tokens = logits, None
+        values = values / self.temperature
+        if self.topp < 1:  # out: candidates after the first whose cumulative probability >= p
+            probs = values.softmax(-1)
+            values = values.masked_fill(probs.cumsum(-1) - probs >= self.topp, float("-inf"))
+        cdf = values.softmax(-1).cumsum(-1)  # (rows, candidates)
+        u = torch.rand(len(cdf), 1, generator=generator, device=cdf.device) * cdf[:, -1:]
+        choice = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[1] - 1)  # (rows, 1)
+        return (choice if tokens is None else tokens.gather(1, choice)).squeeze(1)
 
 
 @torch.no_grad()
@@ -284,9 +288,10 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
             #    can beat its nbest-th finished one (nothing alive: -inf, <= any score).
             best_reachable = scores.max(1).values / length_penalty(max_lens + 1, alpha)
             done = (best_reachable <= kth_score) | (num_finished >= k)
-            if bool(done.all()):
+            num_done = int(done.sum())  # the step's one host sync, besides collecting
+            if num_done == num_active:
                 break
-            if bool(done.any()):
+            if num_done:
                 keep = (~done).nonzero().squeeze(1)  # active sentences that go on
                 keep_rows = (keep[:, None] * k + ranks[:k]).view(-1)
                 scores, num_finished, kth_score, max_lens, sentence, enc_outputs, \
