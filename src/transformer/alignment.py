@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .batching import pack, pad_rows
+from .batching import pad_rows, sorted_batches
 from .model import Transformer, eval_mode
 
 __all__ = ["AlignmentOptions", "attention_weights", "word_alignment", "format_alignment"]
@@ -61,9 +61,7 @@ def attention_weights(model: Transformer, sources: Sequence[Sequence[int]],
     flag, module.need_weights = module.need_weights, True
     try:
         with eval_mode(model):
-            for batch in pack(sorted(range(len(sizes)), key=lambda i: -sizes[i]), sizes,
-                              max_tokens):
-                batch = batch.tolist()
+            for batch in sorted_batches(range(len(sizes)), sizes, max_tokens):
                 src, src_lens = pad_rows([sources[i] for i in batch], c.pad_id, model.device)
                 tgt_in, _ = pad_rows([[c.start_id, *outputs[i]] for i in batch], c.pad_id,
                                     model.device)

@@ -473,7 +473,7 @@ def _select_features(linear: nn.Linear, index: Tensor, dim: int) -> nn.Linear:
     `index`; the bias belongs to the outputs, so it is kept whole for dim=1."""
     weight = linear.weight.detach().index_select(dim, index)  # (out, in), one side smaller
     out = Linear(weight.shape[1], weight.shape[0], bias=linear.bias is not None,
-                    device=weight.device, dtype=weight.dtype)
+                 device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
         out.weight.copy_(weight)
         if linear.bias is not None:

@@ -10,8 +10,8 @@ BOS prepended to the target input).
 - `eval_batches`: a fixed, length-sorted order for validation and test;
 - `shard`: every rank gets the same number of batches, each example used once.
 
-Translation packs its length-sorted sentences with `pack` too (`search.search_corpus`),
-and `pad_rows` makes its padded tensors.
+Translation packs its length-sorted sentences with `pack` too (`sorted_batches`, for
+`search.search_corpus`, scoring and alignments), and `pad_rows` makes its padded tensors.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["pack", "pad_rows", "shard", "train_batches", "eval_batches", "padding_ratio"]
+__all__ = ["pack", "sorted_batches", "pad_rows", "shard", "train_batches", "eval_batches",
+           "padding_ratio"]
 
 Lengths = Sequence[int]  # a numpy array or a list: pieces per sentence
 
@@ -47,6 +48,14 @@ def pack(order: Sequence[int], sizes: Sequence[int], max_tokens: int) -> list[np
         batches.append(order[start:end])
         start = end
     return batches
+
+
+def sorted_batches(indices: Sequence[int], sizes: Sequence[int],
+                   max_tokens: int) -> list[list[int]]:
+    """`indices` longest first (by `sizes[i]`), packed into batches of at most `max_tokens`
+    positions (`pack`): how decoding, scoring and alignment batch their sentences."""
+    order = sorted(indices, key=lambda i: -sizes[i])
+    return [batch.tolist() for batch in pack(order, sizes, max_tokens)]
 
 
 def pad_rows(rows: Sequence[Sequence[int]], pad_value: int,

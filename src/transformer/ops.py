@@ -3,8 +3,8 @@
 - `Linear` / `linear`: `nn.Linear` / `F.linear` that, for float32 inference on CPU, multiply
   through oneDNN (`torch.ops.mkldnn._linear_pointwise`) instead of the BLAS `F.linear` calls
   (MKL's sgemm): oneDNN picks its kernels by the CPU's instruction set, AVX-512 where there
-  is one, where MKL's may not (docs/RESULTS.md, "Decoding speed"). Training, autocast and
-  other devices take `F.linear`.
+  is one, where MKL's may not (docs/RESULTS.md, "Decoding: our engine's speed"). Training,
+  autocast and other devices take `F.linear`.
 
 - `Dropout`: `nn.Dropout` with a cheaper random mask on CPU: `torch.bernoulli_` draws a float
   per element, this draws one random byte per element and compares it with a threshold.

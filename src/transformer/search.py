@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from .batching import pack, pad_rows
+from .batching import pad_rows, sorted_batches
 from .blocks import LayerCache
 from .config import DecodingSettings
 from .model import Transformer, eval_mode
@@ -417,13 +417,12 @@ def decode_batches(sources: Sequence[Sequence[int]],
     `parallel` > 1 (CPU threads): when there are at least that many batches, that many
     batches are searched at once, each on its own thread with single-threaded operators,
     as CTranslate2's `inter_threads` does: decoding runs many small operators, which gain
-    little from being split over threads (docs/RESULTS.md, "Decoding speed")."""
+    little from being split over threads (docs/RESULTS.md, "Decoding: our engine's speed")."""
     results = [[Hypothesis([], 0.0, 0.0)] * nbest for _ in sources]
-    todo = sorted((i for i, ids in enumerate(sources) if ids), key=lambda i: -len(sources[i]))
+    todo = [i for i, ids in enumerate(sources) if ids]
     if on_progress is not None and len(todo) < len(sources):
         on_progress(len(sources) - len(todo))
-    batches = [batch.tolist() for batch in pack(todo, [len(ids) for ids in sources],
-                                                 max_tokens)]
+    batches = sorted_batches(todo, [len(ids) for ids in sources], max_tokens)
     for batch, found in _each_searched(batches, search, parallel):
         for i, sentence_hyps in zip(batch, found, strict=True):
             results[i] = sentence_hyps

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, TextIO, Union
 import torch
 
 from .alignment import AlignmentOptions, attention_weights, format_alignment, word_alignment
-from .batching import pack
+from .batching import sorted_batches
 from .checkpoint import (
     average_weights,
     check_tokenizers,
@@ -154,7 +154,7 @@ class BaseTranslator(ABC):
                                  max_len_b=max_len_b)
         if sampling is not None and nbest != 1:
             raise ValueError(f"sampling draws one translation per line, not nbest={nbest}")
-        if not 1 <= nbest <= (1 if sampling else settings.beam_size):
+        if sampling is None and not 1 <= nbest <= settings.beam_size:
             raise ValueError(f"need 1 <= nbest <= beam_size, got nbest={nbest}, "
                              f"beam_size={settings.beam_size}")
         sources = self._encode(lines, line_offset)
@@ -296,10 +296,9 @@ class Translator(BaseTranslator):
                                             model.config.tgt_vocab_size))
         sizes = [max(len(s), len(t) + 1) for s, t in zip(sources, targets, strict=True)]
         log_probs = [0.0] * len(sources)
-        for batch in pack(sorted(range(len(sizes)), key=lambda i: -sizes[i]), sizes,
-                          max_tokens):
+        for batch in sorted_batches(range(len(sizes)), sizes, max_tokens):
             scores = sentence_log_probs(model, pairs.collate(batch).to(self.device))
-            for i, value in zip(batch.tolist(), scores.tolist(), strict=True):
+            for i, value in zip(batch, scores.tolist(), strict=True):
                 log_probs[i] = value
         return log_probs
 
