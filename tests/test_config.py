@@ -25,19 +25,19 @@ from transformer.model import Hyperparameters, ModelConfig
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_default_is_the_multi30k_tiny_recipe():
-    cfg = compose_config()
-    assert isinstance(cfg, TrainConfig)
-    m = cfg.model
-    assert (m.name, m.num_hiddens, m.ffn_num_hiddens, m.num_heads, m.num_encoder_layers,
-            m.num_decoder_layers, m.dropout, m.attention_dropout) == ("tiny", 128, 256, 4, 4, 4,
-                                                                      0.1, 0.0)
-    o = cfg.optim
-    assert (o.name, o.lr, list(o.betas), o.warmup_updates, o.schedule, o.label_smoothing) == (
-        "adam", 0.005, [0.9, 0.98], 1000, "inverse_sqrt", 0.1)
-    assert cfg.data.name == "multi30k" and cfg.data.joint_vocab and cfg.data.max_tokens == 4096
-    assert cfg.trainer.max_updates == 5300 and o.cooldown_updates == 1000
-    assert cfg.trainer.max_time == 5300 and cfg.trainer.keep_last == 10  # 90 minutes, averaging
+def test_default_is_wu_et_als_recipe_with_a_time_limit_and_automatic_precision():
+    """The default recipe trains what multi30k_paper (Wu et al. as published) trains; it
+    differs only in precision (auto: bf16 where the hardware has it), a 90-minute
+    backstop and a sparse validation curve."""
+    cfg, paper = compose_config(), compose_config(["experiment=multi30k_paper"])
+    assert isinstance(cfg, TrainConfig) and cfg.data.name == "multi30k"
+    assert (cfg.model, cfg.optim, cfg.data, cfg.seed) == (
+        paper.model, paper.optim, paper.data, paper.seed)
+    t, p = cfg.trainer, paper.trainer
+    assert (t.max_updates, t.keep_last, t.validate_every_epoch) == (
+        p.max_updates, p.keep_last, p.validate_every_epoch) == (8000, 10, True)
+    assert (t.precision, t.max_time) == ("auto", 5300)  # 90 minutes with data preparation
+    assert 0 < t.validate_every_updates < t.validate_after_updates < t.max_updates
 
 
 def test_paper_experiment_is_wu_et_al_as_published():
@@ -118,12 +118,12 @@ def test_model_schema_is_the_models_own_hyperparameters():
     ("data.max_len=2048", "data.max_len (2048) must be <= model.max_positions (1024)"),
     ("data.spm_max_sentences=0", "data.spm_max_sentences must be a positive integer"),
     ("trainer.save_every_updates=-1", "trainer.save_every_updates must be >= 0"),
-    ("trainer.validate_every_epoch=false",
+    ("trainer.validate_every_epoch=false trainer.validate_every_updates=0",
      "trainer.validate_every_epoch=false needs trainer.validate_every_updates > 0"),
 ])
 def test_bad_values_fail_naming_the_key(override, message):
     with pytest.raises(ConfigError) as info:
-        compose_config([override])
+        compose_config(override.split())
     assert message in str(info.value)
 
 
@@ -172,11 +172,12 @@ FILES = ["data=files", "data.train_src=a.en", "data.train_tgt=a.de", "data.valid
 
 def test_data_files_does_not_take_the_multi30k_schedule():
     """With data=files and no experiment named, the general defaults apply
-    (configs/experiment/files.yaml): a short run needs no cooldown override."""
+    (configs/experiment/files.yaml), not the Multi30k recipe's schedule."""
     cfg = compose_config(FILES + ["trainer.max_updates=3"])
     assert cfg.optim.cooldown_updates == 0 and cfg.trainer.max_updates == 3
     assert cfg.optim.lr == OptimConfig().lr and cfg.optim.warmup_updates == 4000
-    assert compose_config().optim.cooldown_updates == 1000  # data=multi30k keeps its recipe
+    recipe = compose_config()  # data=multi30k keeps its recipe
+    assert (recipe.optim.lr, recipe.optim.warmup_updates) == (0.005, 2000)
 
 
 def test_large_experiment_counts_in_updates():

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from transformer import checkpoint as ckpt
+from transformer import training
 from transformer.cli import plot_curves as plot_curves_command
 from transformer.config import compose_config
 from transformer.errors import TrainingError
@@ -137,22 +138,43 @@ def test_resume_continues_with_identical_losses(tmp_path, small):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_no_validation_before_validate_after_updates(tmp_path, small):
-    """Epochs that end before trainer.validate_after_updates save checkpoints (for resuming
-    and averaging) without validating; later ones validate as usual."""
+def test_no_epoch_validation_before_validate_after_updates(tmp_path, small):
+    """Epochs that end before trainer.validate_after_updates write checkpoint_last.pt only;
+    later ones validate and keep numbered checkpoints. trainer.validate_every_updates
+    validates from the start (a sparse curve), with a numbered checkpoint each time."""
     result = train(compose_config(small + ["trainer.max_updates=40",
                                            "trainer.validate_after_updates=25",
-                                           "trainer.keep_last=10"]), tmp_path)
+                                           "trainer.validate_every_updates=10",
+                                           "trainer.keep_last=20"]), tmp_path)
     log_text = (tmp_path / "train.log").read_text()
-    epoch_ends = sorted(int(p.stem.split("_")[1])
-                        for p in (tmp_path / "checkpoints").glob("checkpoint_[0-9]*.pt"))
+    numbered = sorted(int(p.stem.split("_")[1])
+                      for p in (tmp_path / "checkpoints").glob("checkpoint_[0-9]*.pt"))
     validated = [int(line.split("| update ")[1].split(" |")[0])
                  for line in log_text.splitlines() if "| valid loss" in line]
-    assert len(epoch_ends) >= 4 and epoch_ends[-1] == 40 == result.state.num_updates
-    assert validated == [n for n in epoch_ends if n >= 25]  # the last epochs and the end
-    assert min(epoch_ends) < 25 and result.state.last_validation == 40
+    assert validated == numbered and numbered[-1] == 40 == result.state.num_updates
+    assert [n for n in numbered if n < 25] == [10, 20]  # only validate_every_updates
+    late = [n for n in numbered if n >= 25 and n % 10]
+    assert late, "the epochs ending after update 25 validate"
+    assert result.state.last_validation == 40
     assert result.state.target_tokens > 0 and f"{result.state.target_tokens:,} target tokens" \
         in log_text
+
+
+def test_precision_auto_takes_bf16_on_a_cpu_only_where_it_computes_bf16(tmp_path, small,
+                                                                        monkeypatch):
+    """`auto` asks PyTorch's CPU probes: with AVX512-BF16 and AMX forced off a run trains in
+    float32 and says why; with one of them on it trains under bf16 autocast."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert not training.cpu_has_native_bf16()
+    cpu = torch.device("cpu")
+    assert training.resolve_precision("auto", cpu).dtype is None
+    train(compose_config(small + ["trainer.precision=auto", "trainer.max_updates=1"]), tmp_path)
+    assert "device cpu, float32 (auto: no native bf16 on cpu)" in \
+        (tmp_path / "train.log").read_text()
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert training.resolve_precision("auto", cpu).dtype == torch.bfloat16
+    assert training.resolve_precision("fp32", cpu).dtype is None  # an explicit choice wins
 
 
 def test_resume_requires_a_checkpoint_and_the_same_model(tmp_path, small):

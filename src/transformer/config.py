@@ -222,14 +222,16 @@ class TrainerConfig:
     """The `trainer` group: device, precision, limits, validation, checkpoints, logging."""
 
     device: str = "auto"  # auto (CUDA if present, else CPU) | cpu | cuda | cuda:N
-    precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
+    precision: str = "auto"  # auto (bf16 on CUDA and on CPUs with native bf16, else fp32)
+    #                          | fp32 | bf16 | fp16 (CUDA, with loss scaling)
     compile: bool = False  # torch.compile the model for training (pays off in long runs)
     max_epochs: int | None = None  # the limits: training stops at the first one reached
     max_updates: int | None = None
     max_time: float | None = None  # seconds of training, summed over resumed runs
     validate_every_updates: int = 0  # also validate every N updates; 0: only after epochs
-    validate_after_updates: int = 0  # no validation before this many updates (checkpoints
-    #                                  are still saved after every epoch); 0: from the start
+    validate_after_updates: int = 0  # no epoch-end validation (nor numbered checkpoints)
+    #                                  before this many updates; epochs still write
+    #                                  checkpoint_last.pt; 0: from the start
     validate_every_epoch: bool = True  # validate (and save numbered checkpoints) after each
     #                                    epoch; false for corpora whose epochs take hours
     save_every_updates: int = 0  # also write checkpoint_last.pt every N updates; 0: only at

@@ -141,13 +141,35 @@ def resolve_device(name: str, env: DistEnv) -> torch.device:
     return torch.device("cpu")
 
 
-def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype, or None for float32. `auto`: bf16 on CUDA, float32 on CPU."""
-    if name == "auto":
-        if device.type != "cuda":
-            return None
-        name = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively: AVX512-BF16 or AMX tiles, as
+    PyTorch's CPU capability probes report them. Elsewhere oneDNN emulates bf16 through
+    float32 and autocast only slows training down."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The autocast dtype of a run (None: float32) and why it was chosen, for the log."""
+
+    dtype: torch.dtype | None
+    why: str
+
+
+def resolve_precision(name: str, device: torch.device) -> Precision:
+    """`trainer.precision` on `device`. `auto`: bf16 on CUDA (fp16 where bf16 is missing);
+    on CPU bf16 where the CPU computes it natively (`cpu_has_native_bf16`), else float32."""
+    dtypes = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+    if name != "auto":
+        return Precision(dtypes[name], f"trainer.precision={name}")
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return Precision(torch.bfloat16, "auto: the GPU supports bf16")
+        return Precision(torch.float16, "auto: the GPU lacks bf16, fp16 with loss scaling")
+    if device.type == "cpu" and cpu_has_native_bf16():
+        return Precision(torch.bfloat16, "auto: the CPU has native bf16 (AVX512-BF16 or AMX)")
+    return Precision(None, f"auto: no native bf16 on {device.type}")
 
 
 def lr_lambda(schedule: str, warmup_updates: int, max_updates: int | None = None,
@@ -237,7 +259,8 @@ class Trainer:
         self.cfg, self.run_dir, self.env = cfg, run_dir, env
         self.ckpt_dir = run_dir / "checkpoints"
         self.device = resolve_device(cfg.trainer.device, env)
-        self.amp_dtype = resolve_precision(cfg.trainer.precision, self.device)
+        self.precision = resolve_precision(cfg.trainer.precision, self.device)
+        self.amp_dtype = self.precision.dtype
         self.stop_requested: str | None = None  # set by the signal handler
         self.losses: list[float] = []
 
@@ -364,8 +387,9 @@ class Trainer:
         if self.env.is_main:
             with atomic_write(self.run_dir / "config.yaml", text=True) as f:
                 f.write(OmegaConf.to_yaml(OmegaConf.structured(self.cfg)))
-            log.info("device %s, %s", self.device,
-                     "float32" if self.amp_dtype is None else f"autocast {self.amp_dtype}")
+            log.info("device %s, %s (%s)", self.device,
+                     "float32" if self.amp_dtype is None else f"autocast {self.amp_dtype}",
+                     self.precision.why)
 
     def close(self) -> None:
         self.log.close()
@@ -390,11 +414,12 @@ class Trainer:
         return TrainResult(reason, s, self.losses, valid)
 
     def run_epoch(self) -> str | None:
-        """Train on the rest of the current epoch, then validate and save (before
-        `trainer.validate_after_updates` updates, or without `trainer.validate_every_epoch`:
-        save only). Within the epoch: validate every `trainer.validate_every_updates`, save
-        checkpoint_last.pt every `trainer.save_every_updates`. Returns the reason to stop,
-        or None to go on with the next epoch."""
+        """Train on the rest of the current epoch, then validate and save numbered
+        checkpoints (before `trainer.validate_after_updates` updates, or without
+        `trainer.validate_every_epoch`: write checkpoint_last.pt only). Within the epoch:
+        validate every `trainer.validate_every_updates` (from the start: a sparse curve),
+        save checkpoint_last.pt every `trainer.save_every_updates`. Returns the reason to
+        stop, or None to go on with the next epoch."""
         s, t, uf = self.state, self.cfg.trainer, self.cfg.optim.update_freq
         if t.max_epochs is not None and s.epoch > t.max_epochs:
             return "max_epochs"
@@ -414,8 +439,7 @@ class Trainer:
                 bar.update()
                 bar.set_postfix(self.log.meter.postfix(), refresh=False)
                 validate = (t.validate_every_updates and s.num_updates != s.last_validation
-                            and s.num_updates % t.validate_every_updates == 0
-                            and s.num_updates >= t.validate_after_updates)
+                            and s.num_updates % t.validate_every_updates == 0)
                 if validate and self.validate_and_save().early_stop:
                     return "patience"
                 if (not validate and t.save_every_updates
@@ -426,7 +450,7 @@ class Trainer:
             self.save()  # the epoch boundary, for resuming
             return None
         if s.num_updates < t.validate_after_updates:
-            self.save(numbered=True)  # for resuming and averaging; no validation yet
+            self.save()  # for resuming; numbered checkpoints come with the late epochs
             return None
         return "patience" if self.validate_and_save().early_stop else None
 
