@@ -7,6 +7,9 @@
 # DATA_DIR holds the Multi30k files (raw, and tok/); CHECKPOINT with CPU_HYP (its CPU
 # translations of test_2016_flickr.en at ALPHA) adds the check that the GPU reproduces them.
 # Logs go to $OUT when set (the device tool's output folder), else to runs/cuda_check.
+# On a GPU machine whose image lacks hydra-core and sacremoses, carry the kit of
+# bench/gpu/kit.sh (.gpu/) and first run: python3 -m pip install -q --no-index --no-deps
+# --target /tmp/site .gpu/wheels/*.whl && export PYTHONPATH=/tmp/site; DATA_DIR .gpu/multi30k
 set -u
 DATA=$1
 LOGS=${OUT:-runs/cuda_check}
@@ -19,7 +22,8 @@ gunzip -c "$DATA/test_2016_flickr.de.gz" > /tmp/test.de
 
 extra=()
 if [ $# -ge 4 ]; then extra=(--checkpoint "$2" --src /tmp/test.en --hyp "$3" --alpha "$4"); fi
-python3 bench/cuda_check.py ${extra[@]+"${extra[@]}"} 2>&1  # (empty-array safe under set -u) | tee "$LOGS/cuda_check.txt"
+# ${extra[@]+...}: an empty array is safe under set -u
+python3 bench/cuda_check.py ${extra[@]+"${extra[@]}"} 2>&1 | tee "$LOGS/cuda_check.txt"
 status=${PIPESTATUS[0]}
 
 # Two minutes of the recipe's training on the GPU under bf16 autocast (the recipe itself

@@ -1,13 +1,17 @@
 """Benchmark: training speed and peak memory of our Transformer vs. torch.nn.Transformer.
 
-Both models have the same dimensions (model presets `tiny` and `small`), the same tied
+Both models have the same dimensions (model presets `tiny`, `small`, `base`), the same tied
 embedding x sqrt(d) + sinusoidal positions, the same dropout on residuals/FFN and none on the
 attention weights, the same label-smoothed loss, the same fused Adam and the same real
 Multi30k batches (max_tokens 4096 by default, vocab 8000), stepped alternately in one run so
-machine noise hits both alike. CPU float32 by default; `--device cuda --bf16` also times both
-under bf16 autocast (ours_bf16, ref_bf16), e.g. the base model at 16k tokens on a GPU:
+machine noise hits both alike. One table row per size and setting: float32 by default;
+`--tf32` adds rows with float32 matrix products on TF32 tensor cores, `--bf16` rows under bf16
+autocast (TF32 for what stays float32), and `--cudnn-attention both` repeats every row with
+scaled_dot_product_attention's cuDNN kernel off (`transformer.training.configure_cuda`; TF32
+and cuDNN are CUDA switches, no-ops on a CPU). The GPU table, e.g. on an H200 in ~1 minute:
 
-    python bench/train_speed.py --device cuda --sizes base --max-tokens 16384 --bf16 --no-memory
+    python3 bench/train_speed.py --device cuda --sizes tiny base --max-tokens 8192 16384 \\
+        --steps 8 --warmup 3 --tf32 --bf16 --cudnn-attention both
 
   ours  transformer.model.Transformer with the training loop's loss module
         (training.LabelSmoothedLoss): the output projection on non-pad positions only, fused
@@ -18,11 +22,34 @@ under bf16 autocast (ours_bf16, ref_bf16), e.g. the base model at 16k tokens on 
         projection over all positions (as a typical nn.Transformer user writes it), loss with
         ignore_index=pad
 
-Peak RSS: each model trains a few steps in its own subprocess (whole-process VmHWM).
+Columns: updates/s and target tokens/s; ours/ref speed; peak RSS on a CPU (each model trains
+a few float32 steps in its own subprocess: whole-process VmHWM); model FLOPs utilisation
+(MFU); peak GPU memory on CUDA: the model's weights and Adam state plus the largest growth
+of allocated memory during one of its steps (what training it alone needs, less the batch).
 
-    python bench/train_speed.py [--steps 10] [--sizes tiny small] [--compile] [--all-positions]
-                                [--unfused] [--data-root DIR] [--max-tokens 4096]
-                                [--device cpu|cuda] [--bf16]
+MFU = the model's training FLOPs / time / the device's peak for the row's precision. The
+FLOPs are counted from the shapes, matrix products only, real tokens only (the reference's
+products over padding count as waste, not work): for a batch with source lengths S_i and
+target lengths T_i (EOS included), n_src = sum S_i, n_tgt = sum T_i, width d, FFN width f,
+L_e + L_d layers and output vocabulary V, the forward pass takes these multiply-adds:
+
+    encoder          L_e * (n_src * (4 d^2 + 2 d f) + 2 d * sum S_i^2)
+    decoder self     L_d * (n_tgt * (4 d^2 + 2 d f) + 2 d * sum T_i (T_i + 1) / 2)
+    cross-attention  L_d * (n_tgt * 2 d^2 + n_src * 2 d^2 + 2 d * sum S_i T_i)
+    output           n_tgt * d * V
+
+(projections 4 d^2 per token and attention layer: Q, K, V, output; the FFN 2 d f; scores and
+the weighted sum 2 d per query-key pair, causal pairs only in the decoder). Training =
+3 x forward (the backward pass computes two products per forward one), 2 FLOPs per
+multiply-add: FLOPs = 6 x multiply-adds. The peak: --peak-tflops (one number for every row),
+else on a known GPU the dense peak of its datasheet (NVIDIA H200 SXM: bf16 989.5 TFLOP/s,
+TF32 494.7, float32 66.9), else n/a.
+
+    python bench/train_speed.py [--steps 10] [--warmup 2] [--sizes tiny small]
+                                [--max-tokens 4096 [one per size]] [--data-root DIR]
+                                [--device cpu|cuda] [--tf32] [--bf16]
+                                [--cudnn-attention on|off|both] [--peak-tflops T]
+                                [--compile] [--all-positions] [--unfused] [--no-memory]
 
 On a shared machine, OpenMP's spin-waiting threads slow everything down by up to 10x when
 another process holds a core; OMP_WAIT_POLICY=PASSIVE keeps absolute numbers meaningful
@@ -39,6 +66,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -52,6 +80,7 @@ from transformer.model import ModelConfig, PositionalEncoding, Transformer
 from transformer.multi30k import DEFAULT_ROOT
 from transformer.store import Batch
 from transformer.tokenizer import PAD_ID
+from transformer.training import configure_cuda
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(tempfile.gettempdir()) / "transformer-bench-train-speed"  # spm + cache, reused
@@ -92,27 +121,77 @@ def load_bench_data(data_root: str, max_tokens: int = 4096) -> Data:
     return load_data(cfg, DATA_DIR)
 
 
-def build(kind: str, size: str, vocab: int, compile_model: bool,
-          device: str = "cpu") -> tuple[nn.Module, Callable]:
-    """(model, step(batch) -> None) for one contender; step = forward, loss, backward, Adam.
-    A kind ending in "_bf16" runs under bf16 autocast."""
-    settings = compose_config([f"model={size}"]).model
-    config = settings.to_model_config(vocab, vocab, share_embeddings=True)
-    amp = kind.endswith("_bf16")
-    kind = kind.removesuffix("_bf16")
+# Dense peaks of NVIDIA's datasheets, TFLOP/s, by a part of torch.cuda.get_device_name.
+PEAK_TFLOPS = {"H200": {"fp32": 66.9, "tf32": 494.7, "bf16": 989.5}}
+PRECISIONS = {"fp32": "float32", "tf32": "float32 on TF32", "bf16": "bf16 autocast"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How a contender computes: precision fp32 (IEEE float32 matrix products), tf32
+    (float32 with TF32 matrix products) or bf16 (autocast, TF32 for what stays float32);
+    cudnn: whether SDPA may choose cuDNN attention. Both only matter on CUDA."""
+
+    precision: str = "fp32"
+    cudnn: bool = True
+
+    def label(self, both_cudnn: bool) -> str:
+        return self.precision + (" noCuDNN" if both_cudnn and not self.cudnn else "")
+
+    def apply(self, device: str) -> None:
+        if device.startswith("cuda"):  # process-wide switches, set before each step
+            configure_cuda(tf32=self.precision != "fp32", cudnn_attention=self.cudnn)
+
+
+@dataclass
+class Contender:
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    step: Callable[[Batch], None]  # forward, loss, backward, Adam
+
+    def state_bytes(self) -> int:
+        """The weights and the optimizer's state."""
+        tensors = [*self.model.parameters(),
+                   *(t for s in self.optimizer.state.values() for t in s.values()
+                     if isinstance(t, Tensor))]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def model_config(size: str, vocab: int) -> ModelConfig:
+    return compose_config([f"model={size}"]).model.to_model_config(vocab, vocab,
+                                                                   share_embeddings=True)
+
+
+def train_flops(c: ModelConfig, b: Batch) -> float:
+    """FLOPs of one training step on `b` (the module docstring's count)."""
+    S, T = b.src_valid_lens.double().cpu(), b.tgt_valid_lens.double().cpu()
+    n_src, n_tgt, d, f = S.sum().item(), T.sum().item(), c.num_hiddens, c.ffn_num_hiddens
+    encoder = c.num_encoder_layers * (n_src * (4 * d * d + 2 * d * f)
+                                      + 2 * d * (S * S).sum().item())
+    decoder = c.num_decoder_layers * (n_tgt * (4 * d * d + 2 * d * f)
+                                      + 2 * d * (T * (T + 1) / 2).sum().item())
+    cross = c.num_decoder_layers * ((n_tgt + n_src) * 2 * d * d + 2 * d * (S * T).sum().item())
+    return 6 * (encoder + decoder + cross + n_tgt * d * c.tgt_vocab_size)
+
+
+def build(kind: str, size: str, vocab: int, compile_model: bool, device: str = "cpu",
+          bf16: bool = False) -> Contender:
+    """One contender: kind ours, ref, ours_all (projection over all positions) or
+    ours_logits (logits + nn.CrossEntropyLoss), under bf16 autocast if `bf16`."""
+    config = model_config(size, vocab)
     torch.manual_seed(0)
     model = (ReferenceModel(config) if kind == "ref" else Transformer(config)).to(device)
     model.train()
     wrapped = LabelSmoothedLoss(model, 0.1) if kind == "ours" else model  # ours: -> loss
     run = torch.compile(wrapped, dynamic=True) if compile_model else wrapped
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=True)
-    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=amp)
+    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16)
     criterion = nn.CrossEntropyLoss(ignore_index=PAD_ID, reduction="sum", label_smoothing=0.1)
 
     def step(b: Batch) -> None:
         with autocast:
             if kind == "ours":
-                loss = run(b.src, b.src_valid_lens, b.tgt_in, b.tgt_out)
+                loss = run(b.src, b.src_valid_lens, b.tgt_in, b.tgt_out, b.tgt_index)
             elif kind == "ours_logits":
                 mask = b.tgt_out != PAD_ID
                 loss = criterion(run(b.src, b.src_valid_lens, b.tgt_in, output_mask=mask),
@@ -125,14 +204,14 @@ def build(kind: str, size: str, vocab: int, compile_model: bool,
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return model, step
+    return Contender(model, optimizer, step)
 
 
 def peak_rss_child(kind: str, size: str, steps: int, data_root: str, max_tokens: int) -> None:
-    """In a subprocess: the process's peak RSS (MiB) after `steps` training steps."""
+    """In a subprocess: the process's peak RSS (MiB) after `steps` float32 CPU steps."""
     data = load_bench_data(data_root, max_tokens)
     batches = [data.train.collate(i) for i in data.train_batches(1)[:steps]]
-    _, step = build(kind, size, data.tokenizers.src.vocab_size, False)
+    step = build(kind, size, data.tokenizers.src.vocab_size, False).step
     for b in batches:
         step(b)
     print(json.dumps({"peak_mib": status_mib("VmHWM")}))
@@ -148,25 +227,77 @@ def peak_rss(kind: str, size: str, steps: int, data_root: str, max_tokens: int) 
 
 
 def time_size(size: str, data: Data, steps: int, warmup: int, compile_model: bool,
-              kinds: tuple[str, ...] = ("ours", "ref"), device: str = "cpu") -> dict:
-    """Alternate the contenders over the same batches; seconds and tokens per contender."""
-    batches = [data.train.collate(i).to(device)
-               for i in data.train_batches(1)[: warmup + steps]]
+              kinds: tuple[str, ...] = ("ours", "ref"), device: str = "cpu",
+              settings: tuple[Setting, ...] = (Setting(),),
+              extra_kinds: tuple[str, ...] = ()) -> dict:
+    """Alternate the contenders (each kind under each setting, `extra_kinds` under the first
+    setting only) over the same batches: seconds, peak GPU bytes (CUDA) and the totals of
+    target tokens and training FLOPs of the timed batches."""
+    cpu_batches = [data.train.collate(i) for i in data.train_batches(1)[: warmup + steps]]
+    batches = [b.to(device) for b in cpu_batches]
     vocab = data.tokenizers.src.vocab_size
-    steppers = {kind: build(kind, size, vocab, compile_model, device)[1] for kind in kinds}
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    seconds = dict.fromkeys(steppers, 0.0)
+    keys = [(kind, s) for s in settings for kind in kinds]
+    keys += [(kind, settings[0]) for kind in extra_kinds]
+    contenders = {key: build(key[0], size, vocab, compile_model, device,
+                             bf16=key[1].precision == "bf16") for key in keys}
+    cuda = device.startswith("cuda")
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    seconds, growth = dict.fromkeys(contenders, 0.0), dict.fromkeys(contenders, 0)
     for i, batch in enumerate(batches):
-        for kind, step in steppers.items():
+        for key, contender in contenders.items():
+            key[1].apply(device)
             sync()
+            if cuda:
+                before = torch.cuda.memory_allocated(device)
+                torch.cuda.reset_peak_memory_stats(device)
             start = time.perf_counter()
-            step(batch)
+            contender.step(batch)
             sync()
             if i >= warmup:
-                seconds[kind] += time.perf_counter() - start
-    tokens = sum(b.num_tgt_tokens for b in batches[warmup:])
-    return {"seconds": seconds, "tokens": tokens, "steps": steps,
-            "padding": 1 - tokens / sum(b.tgt_out.numel() for b in batches[warmup:])}
+                seconds[key] += time.perf_counter() - start
+            if cuda:
+                growth[key] = max(growth[key], torch.cuda.max_memory_allocated(device) - before)
+    timed = cpu_batches[warmup:]
+    config = model_config(size, vocab)
+    return {"seconds": seconds, "steps": steps,
+            "gpu_bytes": ({key: c.state_bytes() + growth[key] for key, c in contenders.items()}
+                          if cuda else {}),
+            "tokens": sum(b.num_tgt_tokens for b in timed),
+            "flops": sum(train_flops(config, b) for b in timed),
+            "padding": 1 - sum(b.num_tgt_tokens for b in timed)
+            / sum(b.tgt_out.numel() for b in timed)}
+
+
+def peak_tflops(device: str, precision: str, override: float | None) -> float | None:
+    if override is not None:
+        return override
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(device)
+        for part, peaks in PEAK_TFLOPS.items():
+            if part in name:
+                return peaks[precision]
+    return None
+
+
+def cell(value: float | None, width: int, spec: str) -> str:
+    """`value` formatted, or n/a for a missing or NaN value."""
+    missing = value is None or math.isnan(value)
+    return f"{'n/a' if missing else format(value, spec):>{width}}"
+
+
+def table_row(size: str, label: str, r: dict, setting: Setting, rss: dict[str, float],
+              peak: float | None) -> str:
+    """One row of the table: `r` from time_size, `rss` peak RSS by kind, `peak` TFLOP/s."""
+    o, f, n = r["seconds"]["ours", setting], r["seconds"]["ref", setting], r["tokens"]
+    mfu = {kind: None if peak is None else r["flops"] / t / (peak * 1e12)
+           for kind, t in (("ours", o), ("ref", f))}
+    gpu = {kind: r["gpu_bytes"][kind, setting] / 2**20 if r["gpu_bytes"] else None
+           for kind in ("ours", "ref")}
+    return (f"{size:<7}{label:<14}{r['steps'] / o:>11.2f}{r['steps'] / f:>10.2f}"
+            f"{n / o:>11.0f}{n / f:>10.0f}{f / o:>8.2f}x"
+            f"{cell(rss.get('ours'), 9, '.0f')}{cell(rss.get('ref'), 8, '.0f')}"
+            f"{cell(mfu['ours'], 9, '.1%')}{cell(mfu['ref'], 8, '.1%')}"
+            f"{cell(gpu['ours'], 13, '.0f')}{cell(gpu['ref'], 12, '.0f')}")
 
 
 def main() -> None:
@@ -183,52 +314,82 @@ def main() -> None:
                         help="also time ours with logits + nn.CrossEntropyLoss (no fused loss)")
     parser.add_argument("--data-root", default=DEFAULT_ROOT,
                         help="folder of the Multi30k files (default: the download cache)")
-    parser.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch and side")
+    parser.add_argument("--max-tokens", type=int, nargs="+", default=[4096],
+                        help="tokens per batch and side: one number, or one per size")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    parser.add_argument("--tf32", action="store_true",
+                        help="also time both models with TF32 float32 matrix products (CUDA)")
     parser.add_argument("--bf16", action="store_true",
-                        help="also time both models under bf16 autocast (ours_bf16, ref_bf16)")
+                        help="also time both models under bf16 autocast")
+    parser.add_argument("--cudnn-attention", choices=["on", "off", "both"], default="on",
+                        help="let SDPA choose cuDNN attention (CUDA; default on, PyTorch's "
+                             "default), not, or time every row both ways")
+    parser.add_argument("--peak-tflops", type=float,
+                        help="the peak (TFLOP/s) for MFU, every row (default: the GPU's "
+                             "datasheet peak for the row's precision where known, else n/a)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if len(args.max_tokens) not in (1, len(args.sizes)):
+        parser.error("--max-tokens takes one number, or one per size")
+    max_tokens = dict(zip(args.sizes, args.max_tokens * len(args.sizes)
+                          if len(args.max_tokens) == 1 else args.max_tokens, strict=True))
     if args.child:
-        peak_rss_child(args.child, args.sizes[0], args.steps, args.data_root, args.max_tokens)
+        peak_rss_child(args.child, args.sizes[0], args.steps, args.data_root,
+                       args.max_tokens[0])
         return
 
-    data = load_bench_data(args.data_root, args.max_tokens)
-    where = (torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
+    cuda = args.device.startswith("cuda")
+    precisions = ["fp32"] + ["tf32"] * args.tf32 + ["bf16"] * args.bf16
+    cudnn = {"on": [True], "off": [False], "both": [True, False]}[args.cudnn_attention]
+    settings = tuple(Setting(p, c) for p in precisions for c in cudnn)
+    extra_kinds = ("ours_all",) * args.all_positions + ("ours_logits",) * args.unfused
+    where = (torch.cuda.get_device_name(args.device) if cuda
              else f"CPU, {torch.get_num_threads()} threads")
-    print(f"torch {torch.__version__}, {where}, float32{' and bf16 autocast' * args.bf16}, "
-          f"Multi30k en-de batches (max_tokens {args.max_tokens}, vocab 8000), {args.steps} "
-          f"steps per model after {args.warmup} warm-up"
-          f"{', torch.compile' if args.compile else ''}")
+    tokens = (", ".join(f"{n} ({size})" for size, n in max_tokens.items())
+              if len(set(args.max_tokens)) > 1 else str(args.max_tokens[0]))
+    print(f"torch {torch.__version__}, {where}, {', '.join(PRECISIONS[p] for p in precisions)}"
+          f", Multi30k en-de batches (max_tokens {tokens}, vocab 8000), {args.steps} steps "
+          f"per model after {args.warmup} warm-up{', torch.compile' if args.compile else ''}")
     print("ref = torch.nn.Transformer, output projection over all positions; "
           "ours = projection on non-pad positions only, fused into the loss")
-    header = (f"{'model':<7}{'ours upd/s':>11}{'ref upd/s':>10}{'ours tok/s':>11}"
-              f"{'ref tok/s':>10}{'ours/ref':>9}{'ours MiB':>9}{'ref MiB':>8}")
+    peaks = {p: peak_tflops(args.device, p, args.peak_tflops) for p in precisions}
+    print("MFU against " + (", ".join(f"{p} {peaks[p]:g}" for p in precisions)
+                            + " TFLOP/s" if peaks[precisions[0]] is not None
+                            else "n/a: no known peak for this device (--peak-tflops)"))
+    if cuda:
+        print("CUDA switches per row (transformer.training.configure_cuda): fp32 IEEE float32 "
+              "matrix products, tf32 and bf16 TF32; cuDNN attention allowed unless noCuDNN")
+    header = (f"{'model':<7}{'setting':<14}{'ours upd/s':>11}{'ref upd/s':>10}"
+              f"{'ours tok/s':>11}{'ref tok/s':>10}{'ours/ref':>9}{'ours MiB':>9}"
+              f"{'ref MiB':>8}{'ours MFU':>9}{'ref MFU':>8}{'ours GPU MiB':>13}"
+              f"{'ref GPU MiB':>12}")
     rows = []
     for size in args.sizes:
-        kinds = (("ours", "ref") + (("ours_all",) if args.all_positions else ())
-                 + (("ours_logits",) if args.unfused else ())
-                 + (("ours_bf16", "ref_bf16") if args.bf16 else ()))
-        r = time_size(size, data, args.steps, args.warmup, args.compile, kinds, args.device)
-        mem = ({} if args.no_memory else
-               {kind: peak_rss(kind, size, min(args.steps, 3), args.data_root, args.max_tokens)
-                for kind in ("ours", "ref")})
-        s, n = r["seconds"], r["tokens"]
-        rows.append(f"{size:<7}{r['steps'] / s['ours']:>11.2f}{r['steps'] / s['ref']:>10.2f}"
-                    f"{n / s['ours']:>11.0f}{n / s['ref']:>10.0f}{s['ref'] / s['ours']:>8.2f}x"
-                    f"{mem.get('ours', math.nan):>9.0f}{mem.get('ref', math.nan):>8.0f}")
-        print(f"  ({size}: target padding in these batches {r['padding']:.1%})", flush=True)
+        data = load_bench_data(args.data_root, max_tokens[size])
+        r = time_size(size, data, args.steps, args.warmup, args.compile, ("ours", "ref"),
+                      args.device, settings, extra_kinds)
+        rss = ({} if args.no_memory or cuda else
+               {kind: peak_rss(kind, size, min(args.steps, 3), args.data_root,
+                               max_tokens[size]) for kind in ("ours", "ref")})
+        s, n, first = r["seconds"], r["tokens"], settings[0]
+        rows += [table_row(size, setting.label(len(cudnn) > 1), r, setting,
+                           rss if setting is first else {},  # the RSS runs: float32
+                           peaks[setting.precision]) for setting in settings]
+        print(f"  ({size}: target padding in these batches {r['padding']:.1%}; "
+              f"{r['flops'] / n / 1e6:.1f} MFLOP per target token to train)", flush=True)
+        if len(settings) > 1:
+            print(f"  ({size}: speed against {first.label(False)}: " + "; ".join(
+                f"{kind} " + ", ".join(f"{p.label(len(cudnn) > 1)} "
+                                       f"{s[kind, first] / s[kind, p]:.2f}x"
+                                       for p in settings[1:]) for kind in ("ours", "ref")) + ")")
         if args.all_positions:
             print(f"  ({size}: ours with the projection over all positions: "
-                  f"{n / s['ours_all']:.0f} tok/s, {s['ref'] / s['ours_all']:.2f}x ref)")
-        if args.bf16:
-            print(f"  ({size}: bf16 autocast: ours {n / s['ours_bf16']:.0f} tok/s, ref "
-                  f"{n / s['ref_bf16']:.0f} tok/s, ours/ref {s['ref_bf16'] / s['ours_bf16']:.2f}x;"
-                  f" ours bf16/fp32 speed {s['ours'] / s['ours_bf16']:.2f}x)")
+                  f"{n / s['ours_all', first]:.0f} tok/s, "
+                  f"{s['ref', first] / s['ours_all', first]:.2f}x ref)")
         if args.unfused:
             print(f"  ({size}: ours with logits + nn.CrossEntropyLoss: "
-                  f"{n / s['ours_logits']:.0f} tok/s; fused/unfused speed "
-                  f"{s['ours_logits'] / s['ours']:.2f}x)")
+                  f"{n / s['ours_logits', first]:.0f} tok/s; fused/unfused speed "
+                  f"{s['ours_logits', first] / s['ours', first]:.2f}x)")
     print(header, *rows, sep="\n")
 
 

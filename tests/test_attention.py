@@ -249,3 +249,22 @@ def test_scaled_dot_product_formula():
     Q, K, V = torch.randn(2, 3, 8), torch.randn(2, 5, 8), torch.randn(2, 5, 4)
     expected = torch.softmax(Q @ K.transpose(1, 2) / math.sqrt(8), -1) @ V
     torch.testing.assert_close(att(Q, K, V), expected)
+
+
+def test_padding_mask_built_once_equals_valid_lens_in_every_block():
+    """The encoder and decoder build the source's (batch, src_len) key mask once and pass it
+    to every block: the same outputs, bit for bit, as each block masking by valid_lens."""
+    from transformer.attention import key_padding_mask
+    from transformer.blocks import DecoderBlock, EncoderBlock
+
+    torch.manual_seed(0)
+    X, Y = torch.randn(3, 40, 16), torch.randn(3, 6, 16)  # 40 keys: the fused path on CPU
+    valid_lens = torch.tensor([40, 17, 1])
+    key_mask = key_padding_mask(valid_lens, 40)
+    assert key_mask.shape == (3, 40) and key_mask.sum(1).tolist() == [40, 17, 1]
+    enc, dec = EncoderBlock(16, 32, 4, 0.0).eval(), DecoderBlock(16, 32, 4, 0.0).eval()
+    assert torch.equal(enc(X, valid_lens), enc(X, key_mask=key_mask))
+    assert torch.equal(dec(Y, X, valid_lens), dec(Y, X, enc_key_mask=key_mask))
+    short = X[:, :5], torch.tensor([5, 3, 1])  # few keys: the explicit path on CPU
+    assert torch.equal(enc(short[0], short[1]),
+                       enc(short[0], key_mask=key_padding_mask(short[1], 5)))

@@ -26,7 +26,7 @@ from transformer.errors import DataError
 from transformer.multi30k import SHA256 as MULTI30K_SHA256
 from transformer.multi30k import download_file, download_multi30k
 from transformer.store import ParallelCorpus
-from transformer.text import read_lines, read_parallel
+from transformer.text import iter_parallel, read_lines, read_parallel
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerPair
 
 CONFIG_DIR = config.CONFIG_DIR / "data"
@@ -175,6 +175,10 @@ def test_empty_pairs_dropped_from_train_only(tmp_path, caplog):
     train = read_parallel(src, tgt, split="train")
     assert (train.src, train.tgt, train.lines) == (["a", "d"], ["A", "D"], [0, 5])
     assert "dropped 4 with an empty or whitespace-only side" in caplog.text
+    caplog.clear()  # the pairs beyond a limit are not counted as dropped
+    assert list(iter_parallel(src, tgt, split="train", max_pairs=1))[0].src == ["a"]
+    assert "6 pairs read" in caplog.text  # one chunk
+    assert "dropped 4 with an empty or whitespace-only side, kept the first 1" in caplog.text
     for split in ("valid", "test"):
         kept = read_parallel(src, tgt, split=split)
         assert kept.src == ["a", "", "b", "  ", "c", "d"] and kept.lines == list(range(6))
@@ -338,8 +342,11 @@ def test_collate_layout(multi30k_train, multi30k_tokenizer):
     decode = multi30k_tokenizer.decode
     assert decode(batch.tgt_out[1].tolist()) == decode(batch.tgt_in[1].tolist())
     assert decode(batch.tgt_out[1].tolist()) == decode(corpus.pair(0)[1])
+    real = (batch.tgt_out != PAD_ID).flatten().nonzero().squeeze(1)  # what the loss selects
+    assert torch.equal(batch.tgt_index, real) and len(real) == batch.num_tgt_tokens
     moved = batch.to("cpu")
     assert torch.equal(moved.tgt_in, batch.tgt_in) and moved.indices == batch.indices
+    assert torch.equal(moved.tgt_index, batch.tgt_index)
 
 
 def test_every_pair_exactly_once_per_epoch(multi30k_train):

@@ -112,3 +112,13 @@ def test_fused_loss_with_an_output_bias_equals_the_biased_projection():
     ref.backward()
     for mine, theirs in ((hidden, h), (weight, w), (bias, b)):
         torch.testing.assert_close(mine.grad, theirs.grad)
+
+
+def test_fused_loss_chunks_are_sized_for_the_device():
+    """A CPU chunk holds ~4M logits (cache-sized), a GPU chunk ~64M (an 8k-token batch of an
+    8k vocabulary in one chunk); never fewer than MIN_CHUNK_ROWS rows."""
+    from transformer.ops import MIN_CHUNK_ROWS, default_chunk_rows
+
+    assert default_chunk_rows(8000, torch.device("cpu")) == 2 ** 22 // 8000 == 524
+    assert default_chunk_rows(8000, torch.device("cuda")) == 2 ** 26 // 8000 >= 8192
+    assert default_chunk_rows(58101, torch.device("cpu")) == MIN_CHUNK_ROWS

@@ -58,8 +58,9 @@ def spm_model(multi30k_lines, tmp_path_factory) -> Path:
 
 @pytest.fixture
 def small(multi30k_dir, spm_model) -> list[str]:
-    """Overrides for a run of a few seconds: 300 pairs, a 2+2-layer d64 model, and no
-    cooldown (the recipe's 1,000-update one does not fit these runs' max_updates)."""
+    """Overrides for a run of a few seconds: 300 pairs, a 2+2-layer d64 model, float32
+    (tests compare sums of losses and gradients exactly; `auto` would pick bf16 on a CPU
+    that has it), and the recipe's schedule shortened to fit."""
     return [
         f"data.root={multi30k_dir}", f"data.spm_model={spm_model}", "data.vocab_size=500",
         "data.max_train_pairs=300", "data.max_tokens=1024",
@@ -67,6 +68,8 @@ def small(multi30k_dir, spm_model) -> list[str]:
         "model.num_decoder_layers=2", "model.dropout=0.3",
         "optim.lr=0.002", "optim.warmup_updates=10", "optim.cooldown_updates=0",
         "trainer.bleu_max_sentences=16", "trainer.log_every_updates=1", "trainer.keep_last=2",
+        "trainer.precision=fp32", "trainer.validate_every_updates=0",
+        "trainer.validate_after_updates=0",
     ]
 
 
@@ -476,6 +479,54 @@ def test_training_loss_equals_cross_entropy_over_the_real_target_tokens():
     assert (tgt_out != PAD_ID).sum() == 9  # 15 positions, 6 of them padding
     for name, p in model.named_parameters():
         torch.testing.assert_close(grads[name], p.grad, msg=name)
+    # The real-token positions given from the host select the same rows: bit for bit.
+    model.zero_grad()
+    tgt_index = (tgt_out != PAD_ID).flatten().nonzero().squeeze(1)
+    given = LabelSmoothedLoss(model, 0.1)(src, src_lens, tgt_in, tgt_out, tgt_index)
+    given.backward()
+    assert torch.equal(given, ours)
+    assert all(torch.equal(grads[name], p.grad) for name, p in model.named_parameters())
+
+
+def test_prefetched_keeps_the_order_and_stops_early():
+    """The background thread yields make(item) in item order, the same as depth 0 does,
+    raises what `make` raised, and a loop that leaves early stops the thread."""
+    made = []
+
+    def make(i: int) -> int:
+        made.append(i)
+        if i == 7:
+            raise ValueError("bad item 7")
+        return i * i
+
+    items = list(range(7))
+    assert list(training.prefetched(make, items, 0)) == [i * i for i in items]
+    assert list(training.prefetched(make, items, 2)) == [i * i for i in items]
+    with pytest.raises(ValueError, match="bad item 7"):
+        list(training.prefetched(make, range(10), 3))
+    made.clear()
+    for value in training.prefetched(make, range(100), 2):
+        if value == 4:
+            break
+    assert len(made) <= 6  # items 0..2 yielded, at most depth + 1 more made
+
+
+def test_configure_cuda_sets_tf32_and_cudnn_attention():
+    """The two CUDA switches, set and read back (a CPU build keeps the flags too)."""
+    matmul = torch.backends.cuda.matmul
+    precision = "fp32_precision" if hasattr(matmul, "fp32_precision") else "allow_tf32"
+    before = (getattr(matmul, precision), torch.backends.cuda.cudnn_sdp_enabled())
+    try:
+        line = training.configure_cuda(tf32=False, cudnn_attention=False)
+        assert getattr(matmul, precision) in ("ieee", False)
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert line == "float32 matrix products IEEE float32, cuDNN attention off"
+        training.configure_cuda(tf32=True, cudnn_attention=True)
+        assert getattr(matmul, precision) in ("tf32", True)
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        setattr(matmul, precision, before[0])
+        torch.backends.cuda.enable_cudnn_sdp(before[1])
 
 
 def test_accumulated_batches_equal_one_big_batch(tmp_path, small):

@@ -44,6 +44,7 @@ __all__ = [
     "transpose_qkv",
     "transpose_output",
     "attention_mask",
+    "key_padding_mask",
     "DotProductAttention",
     "KVCache",
     "MultiHeadAttention",
@@ -66,6 +67,13 @@ def _valid_lens_mask(valid_lens: Tensor, num_queries: int, num_keys: int) -> Ten
             )
         return keys[None, None, :] < valid_lens[:, :, None]
     raise ValueError(f"valid_lens must be 1-D or 2-D, got shape {tuple(valid_lens.shape)}")
+
+
+def key_padding_mask(valid_lens: Tensor, num_keys: int) -> Tensor:
+    """(batch, num_keys) bool from `valid_lens` (batch,): True for the first valid_lens[i]
+    keys of row i (real tokens), False for padding. A model builds it once per forward pass
+    and hands it to every layer as `key_mask`."""
+    return _valid_lens_mask(valid_lens, 1, num_keys)[:, 0]
 
 
 def _masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:

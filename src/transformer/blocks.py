@@ -74,9 +74,13 @@ class EncoderBlock(nn.Module):
         self.ffn = PositionWiseFFN(num_hiddens, ffn_num_hiddens, activation)
         self.addnorm2 = AddNorm(num_hiddens, dropout, norm_first)
 
-    def forward(self, X: Tensor, valid_lens: Tensor | None) -> Tensor:
-        """X (batch, src_len, num_hiddens), valid_lens (batch,) -> same shape as X."""
-        Y = self.addnorm1.residual(X, lambda x: self.attention(x, x, x, valid_lens))
+    def forward(self, X: Tensor, valid_lens: Tensor | None = None, *,
+                key_mask: Tensor | None = None) -> Tensor:
+        """X (batch, src_len, num_hiddens) -> same shape. The padding: valid_lens (batch,),
+        or key_mask (batch, src_len) bool, True = a real token (the encoder builds it once
+        for all its blocks, `attention.key_padding_mask`)."""
+        Y = self.addnorm1.residual(
+            X, lambda x: self.attention(x, x, x, valid_lens, key_mask=key_mask))
         return self.addnorm2.residual(Y, self.ffn)
 
 
@@ -107,9 +111,12 @@ class DecoderBlock(nn.Module):
         self.ffn = PositionWiseFFN(num_hiddens, ffn_num_hiddens, activation)
         self.addnorm3 = AddNorm(num_hiddens, dropout, norm_first)
 
-    def forward(self, X: Tensor, enc_outputs: Tensor, enc_valid_lens: Tensor | None,
-                cache: LayerCache | None = None) -> Tensor:
-        """X (rows, tgt_len, num_hiddens), enc_outputs (batch, src_len, num_hiddens).
+    def forward(self, X: Tensor, enc_outputs: Tensor, enc_valid_lens: Tensor | None = None,
+                cache: LayerCache | None = None, *,
+                enc_key_mask: Tensor | None = None) -> Tensor:
+        """X (rows, tgt_len, num_hiddens), enc_outputs (batch, src_len, num_hiddens). The
+        source's padding: enc_valid_lens (batch,), or enc_key_mask (batch, src_len) bool,
+        True = a real token (the decoder builds it once for all its blocks).
 
         X may hold several rows per source sentence, sentence after sentence (beam search's
         hypotheses: rows = batch x beams): then each group of rows reads its sentence's
@@ -121,13 +128,15 @@ class DecoderBlock(nn.Module):
         Y = self.addnorm1.residual(
             X, lambda x: self.attention1(x, x, x, causal=True, cache=self_cache))
         Z = self.addnorm2.residual(
-            Y, lambda y: self._cross_attention(y, enc_outputs, enc_valid_lens, cross_cache))
+            Y, lambda y: self._cross_attention(y, enc_outputs, enc_valid_lens, enc_key_mask,
+                                               cross_cache))
         return self.addnorm3.residual(Z, self.ffn)
 
     def _cross_attention(self, Y: Tensor, enc_outputs: Tensor, enc_valid_lens: Tensor | None,
-                         cache: KVCache | None) -> Tensor:
+                         enc_key_mask: Tensor | None, cache: KVCache | None) -> Tensor:
         """Encoder-decoder attention; a sentence's rows are read as one row of more queries."""
         rows, steps, d = Y.shape
         queries = Y.reshape(enc_outputs.shape[0], -1, d)  # (batch, rows / batch * steps, d)
-        out = self.attention2(queries, enc_outputs, enc_outputs, enc_valid_lens, cache=cache)
+        out = self.attention2(queries, enc_outputs, enc_outputs, enc_valid_lens,
+                              key_mask=enc_key_mask, cache=cache)
         return out.reshape(rows, steps, d)

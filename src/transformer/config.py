@@ -225,6 +225,9 @@ class TrainerConfig:
     precision: str = "auto"  # auto (bf16 on CUDA and on CPUs with native bf16, else fp32)
     #                          | fp32 | bf16 | fp16 (CUDA, with loss scaling)
     compile: bool = False  # torch.compile the model for training (pays off in long runs)
+    tf32: bool = True  # CUDA: float32 matrix products on TF32 tensor cores (no effect on CPU)
+    cudnn_attention: bool = True  # CUDA: let SDPA choose its cuDNN kernel (false: flash or
+    #                               memory-efficient only; cuDNN builds a graph per shape)
     max_epochs: int | None = None  # the limits: training stops at the first one reached
     max_updates: int | None = None
     max_time: float | None = None  # seconds of training, summed over resumed runs
@@ -240,6 +243,8 @@ class TrainerConfig:
     keep_last: int = 5  # numbered checkpoints kept besides last/best; 0: none written
     resume: bool = False  # require checkpoints/checkpoint_last.pt (used anyway if present)
     log_every_updates: int = 50  # train.log/TensorBoard interval
+    prefetch_batches: int = 2  # updates' batches collated ahead on a background thread (and
+    #                            pinned for a GPU); 0: collate on the training thread
     max_bad_updates: int = 5  # stop after N non-finite losses/gradients in a row
     bleu_max_sentences: int | None = None  # decode only the first N validation sentences
     decode_max_tokens: int | None = None  # source tokens per decoding batch; null: data's
@@ -262,7 +267,7 @@ class TrainerConfig:
         _check(self.max_time is None or self.max_time > 0,
                f"trainer.max_time must be > 0 seconds or null, got {self.max_time}")
         for key in ("validate_every_updates", "validate_after_updates", "patience", "keep_last",
-                    "num_samples", "save_every_updates"):
+                    "num_samples", "save_every_updates", "prefetch_batches"):
             value = getattr(self, key)
             _check(_is_int(value) and value >= 0, f"trainer.{key} must be >= 0, got {value!r}")
         _check(isinstance(self.validate_every_epoch, bool),

@@ -40,13 +40,19 @@ class LabelSmoothedLoss(nn.Module):
         super().__init__()
         self.model, self.label_smoothing = model, label_smoothing
 
-    def forward(self, src: Tensor, src_valid_lens: Tensor, tgt_in: Tensor,
-                tgt_out: Tensor) -> Tensor:
-        mask = tgt_out != self.model.config.pad_id  # (batch, tgt_len)
-        hidden = self.model.hidden_states(src, src_valid_lens, tgt_in)[mask]  # (N, d)
+    def forward(self, src: Tensor, src_valid_lens: Tensor, tgt_in: Tensor, tgt_out: Tensor,
+                tgt_index: Tensor | None = None) -> Tensor:
+        """`tgt_index` (N,) long: the flat positions (row * T + column) of `tgt_out`'s real
+        tokens, row-major (`Batch.tgt_index`, made on the host by `collate`); None finds
+        them here from the padding, which waits for the device (a boolean selection)."""
+        if tgt_index is None:
+            tgt_index = (tgt_out.flatten() != self.model.config.pad_id).nonzero().squeeze(1)
+        hidden = self.model.hidden_states(src, src_valid_lens, tgt_in)  # (batch, T, d)
+        hidden = hidden.flatten(0, 1).index_select(0, tgt_index)  # (N, d)
         projection = self.model.output_projection  # weight (V, d), bias (V,) or None
-        return linear_label_smoothed_cross_entropy(hidden, projection.weight, tgt_out[mask],
-                                                   self.label_smoothing, bias=projection.bias)
+        return linear_label_smoothed_cross_entropy(
+            hidden, projection.weight, tgt_out.flatten().index_select(0, tgt_index),
+            self.label_smoothing, bias=projection.bias)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .attention import key_padding_mask
 from .blocks import ACTIVATIONS, DecoderBlock, EncoderBlock, LayerCache
 from .errors import ConfigError
 from .ops import Dropout, Linear
@@ -191,8 +192,9 @@ class TransformerEncoder(nn.Module):
     def forward(self, src: Tensor, valid_lens: Tensor | None) -> Tensor:
         """src (batch, src_len) ids -> (batch, src_len, num_hiddens)."""
         X = self.pos_encoding(self.embedding(src) * math.sqrt(self.num_hiddens))
-        for blk in self.blks:
-            X = blk(X, valid_lens)
+        key_mask = None if valid_lens is None else key_padding_mask(valid_lens, src.shape[1])
+        for blk in self.blks:  # the (batch, src_len) padding mask is built once, above
+            X = blk(X, key_mask=key_mask)
         return self.final_ln(X)
 
 
@@ -219,8 +221,11 @@ class TransformerDecoder(nn.Module):
         """
         offset = cache[0].self_attention.length if cache is not None else 0
         X = self.pos_encoding(self.embedding(tgt) * math.sqrt(self.num_hiddens), offset)
+        key_mask = (None if enc_valid_lens is None else
+                    key_padding_mask(enc_valid_lens, enc_outputs.shape[1]))  # (batch, src_len)
         for i, blk in enumerate(self.blks):
-            X = blk(X, enc_outputs, enc_valid_lens, cache[i] if cache is not None else None)
+            X = blk(X, enc_outputs, cache=cache[i] if cache is not None else None,
+                    enc_key_mask=key_mask)
         return self.final_ln(X)
 
 

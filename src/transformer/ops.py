@@ -66,6 +66,14 @@ class Dropout(nn.Dropout):
 
 
 MIN_CHUNK_ROWS = 512  # rows per chunk of the fused loss, at the least
+# Logits per chunk of the fused loss: ~16 MB on a CPU (the chunk stays in cache); on a GPU
+# 256 MB, so that a batch takes one or two chunks (each chunk launches ~10 kernels).
+CHUNK_LOGITS = {"cpu": 2 ** 22, "cuda": 2 ** 26}
+
+
+def default_chunk_rows(vocab_size: int, device: torch.device) -> int:
+    """Rows per chunk of `linear_label_smoothed_cross_entropy` on `device`."""
+    return max(MIN_CHUNK_ROWS, CHUNK_LOGITS.get(device.type, 2 ** 22) // vocab_size)
 
 
 class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
@@ -123,7 +131,8 @@ def linear_label_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, target: 
     in value and gradients: the target distribution is (1 - epsilon) on the reference token
     plus epsilon / V everywhere. The softmax is computed in float32 whatever the matmul's
     dtype (float64 stays float64). `chunk_rows` trades cache use for matmul size; the
-    default is ~4M logits (16 MB) per chunk, but at least MIN_CHUNK_ROWS rows: with a large
+    default (`default_chunk_rows`) is ~4M logits (16 MB) per chunk on a CPU, 64M on a GPU,
+    but at least MIN_CHUNK_ROWS rows: with a large
     vocabulary (OPUS-MT's 58k pieces) fewer rows make the (V, n) @ (n, d) gradient product
     too thin to run fast (docs/RESULTS.md).
     """
@@ -131,6 +140,6 @@ def linear_label_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, target: 
             or target.shape != hidden.shape[:1]:
         raise ValueError(f"expected hidden (N, d), weight (V, d) and target (N,), got "
                          f"{tuple(hidden.shape)}, {tuple(weight.shape)} and {tuple(target.shape)}")
-    chunk_rows = chunk_rows or max(MIN_CHUNK_ROWS, 2 ** 22 // weight.shape[0])
+    chunk_rows = chunk_rows or default_chunk_rows(weight.shape[0], hidden.device)
     return _LinearLabelSmoothedCrossEntropy.apply(hidden, weight, bias, target, float(epsilon),
                                                   chunk_rows)

@@ -68,19 +68,28 @@ class Batch:
     tgt_in: Tensor  # (B, T) long: [BOS] + y, PAD_ID after
     tgt_out: Tensor  # (B, T) long: y + [EOS], PAD_ID after
     tgt_valid_lens: Tensor  # (B,) long: len(y) + 1
-    num_tgt_tokens: int  # non-pad positions of tgt_out
+    tgt_index: Tensor  # (N,) long: flat positions (row * T + column) of tgt_out's N real
+    #                    tokens in row-major order, computed on the host where N is known,
+    #                    so the loss selects them without a device-to-host sync
+    num_tgt_tokens: int  # N, the non-pad positions of tgt_out
     indices: list[int]  # each row's 0-based line number in the split's files
 
     def __len__(self) -> int:
         return len(self.indices)
 
+    def _map(self, fn) -> Batch:
+        return Batch(fn(self.src), fn(self.src_valid_lens), fn(self.tgt_in), fn(self.tgt_out),
+                     fn(self.tgt_valid_lens), fn(self.tgt_index), self.num_tgt_tokens,
+                     self.indices)
+
     def to(self, device: str | torch.device, non_blocking: bool = False) -> Batch:
-        """A copy with the tensors on `device` (`indices` stay a Python list)."""
-        move = lambda t: t.to(device, non_blocking=non_blocking)
-        return Batch(
-            move(self.src), move(self.src_valid_lens), move(self.tgt_in), move(self.tgt_out),
-            move(self.tgt_valid_lens), self.num_tgt_tokens, self.indices,
-        )
+        """A copy with the tensors on `device` (`indices` stay a Python list). From pinned
+        memory (`pin_memory`) a CUDA copy with `non_blocking` overlaps with computation."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Batch:
+        """A copy in page-locked host memory, for asynchronous copies to a GPU."""
+        return self._map(lambda t: t.pin_memory())
 
 
 def _read_rows(path: Path, starts: np.ndarray, lens: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -273,12 +282,15 @@ class ParallelCorpus:
         lines = (self.all_lines[sentences] if self.path is None else
                  _read_rows(self.path / "lines.idx", sentences, np.ones_like(sentences),
                             np.dtype(np.int64)))
+        width = int(tgt_lens.max()) + 1  # tgt_out's T: y + [EOS]
         return Batch(
             src=_padded(src, src_lens, self.special_ids, eos=True),
             src_valid_lens=torch.from_numpy(src_lens + 1),
             tgt_in=_padded(tgt, tgt_lens, self.special_ids, bos=True),
             tgt_out=_padded(tgt, tgt_lens, self.special_ids, eos=True),
             tgt_valid_lens=torch.from_numpy(tgt_lens + 1),
+            tgt_index=torch.from_numpy(np.repeat(np.arange(len(tgt_lens)) * width, tgt_lens + 1)
+                                       + _positions_in_rows(tgt_lens + 1)),
             num_tgt_tokens=int(tgt_lens.sum()) + len(tgt_lens),
             indices=lines.tolist(),
         )

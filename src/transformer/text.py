@@ -140,7 +140,7 @@ def iter_parallel(src_path: PathLike, tgt_path: PathLike, *, split: str,
     src_blocks, tgt_blocks = iter_line_blocks(src_path), iter_line_blocks(tgt_path)
     src: list[str] = []
     tgt: list[str] = []
-    line = kept = 0  # lines read so far; pairs yielded so far
+    line = kept = dropped = 0  # lines read so far; pairs yielded; pairs with an empty side
     while max_pairs is None or kept < max_pairs:
         while len(src) < chunk_pairs and (block := next(src_blocks, None)) is not None:
             src += block
@@ -153,7 +153,9 @@ def iter_parallel(src_path: PathLike, tgt_path: PathLike, *, split: str,
         del src[:n], tgt[:n]
         line += n
         if split == "train":
-            chunk = _non_empty(chunk)
+            non_empty = _non_empty(chunk)
+            dropped += len(chunk) - len(non_empty)
+            chunk = non_empty
         if max_pairs is not None and kept + len(chunk) > max_pairs:
             chunk = _first(chunk, max_pairs - kept)
         kept += len(chunk)
@@ -167,8 +169,9 @@ def iter_parallel(src_path: PathLike, tgt_path: PathLike, *, split: str,
                 f"{split}: {src_path} has {src_count} lines but {tgt_path} has {tgt_count} "
                 "lines; source and target files must be line-aligned")
     if split == "train":
-        log.info("%s: %d pairs in %s / %s; dropped %d with an empty or whitespace-only side",
-                 split, line, src_path, tgt_path, line - kept)
+        limit = "" if max_pairs is None or kept < max_pairs else f", kept the first {kept:,}"
+        log.info("%s: %d pairs read in %s / %s; dropped %d with an empty or whitespace-only "
+                 "side%s", split, line, src_path, tgt_path, dropped, limit)
         if kept == 0:
             raise DataError(f"{split}: no non-empty pairs in {src_path} / {tgt_path}")
     else:

@@ -27,12 +27,15 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, TypeVar, Union
 
+import numpy as np
 import sacrebleu
 import torch
 import torch.distributed as dist
@@ -60,6 +63,8 @@ __all__ = ["TrainResult", "TrainState", "TrainClock", "Trainer", "ValidationRepo
            "lr_lambda", "decayed_parameters", "build_optimizer"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+U = TypeVar("U")
 PathLike = Union[str, "os.PathLike[str]"]
 
 
@@ -172,6 +177,20 @@ def resolve_precision(name: str, device: torch.device) -> Precision:
     return Precision(None, f"auto: no native bf16 on {device.type}")
 
 
+def configure_cuda(tf32: bool, cudnn_attention: bool) -> str:
+    """Set PyTorch's process-wide CUDA math switches: TF32 for float32 matrix products
+    (10-bit mantissa products, float32 accumulation) and whether scaled_dot_product_attention
+    may choose cuDNN's kernel. CPU computation is untouched. Returns a line for the log."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9; the older flag is deprecated there
+        matmul.fp32_precision = "tf32" if tf32 else "ieee"
+    else:
+        matmul.allow_tf32 = tf32
+    torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
+    return (f"float32 matrix products {'TF32' if tf32 else 'IEEE float32'}, cuDNN attention "
+            f"{'allowed' if cudnn_attention else 'off'}")
+
+
 def lr_lambda(schedule: str, warmup_updates: int, max_updates: int | None = None,
               cooldown_updates: int = 0) -> Callable[[int], float]:
     """LambdaLR factor of the peak lr for the update after `num_updates` updates: linear
@@ -249,6 +268,26 @@ class _Agreement:
     stop: str | None  # "signal" or "max_time" if any rank must stop, else None
 
 
+def prefetched(make: Callable[[T], U], items: Sequence[T], depth: int) -> Iterator[U]:
+    """`make(item)` for each item, in order, computed up to `depth` items ahead on one
+    background thread (the next batches are collated while the model trains on this one);
+    depth 0 calls `make` here, on demand. Leaving the loop early cancels what is queued."""
+    if depth == 0:
+        yield from map(make, items)
+        return
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
+    try:
+        pending: deque[Future[U]] = deque()
+        for item in items:
+            pending.append(pool.submit(make, item))
+            if len(pending) > depth:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 # ---- the trainer ------------------------------------------------------------------------
 
 
@@ -261,6 +300,8 @@ class Trainer:
         self.device = resolve_device(cfg.trainer.device, env)
         self.precision = resolve_precision(cfg.trainer.precision, self.device)
         self.amp_dtype = self.precision.dtype
+        if self.device.type == "cuda":
+            log.info("CUDA: %s", configure_cuda(cfg.trainer.tf32, cfg.trainer.cudnn_attention))
         self.stop_requested: str | None = None  # set by the signal handler
         self.losses: list[float] = []
 
@@ -408,9 +449,11 @@ class Trainer:
         elif self.state.last_validation != self.state.num_updates:
             valid = self.validate_and_save().metrics
         s = self.state
+        memory = (f"; peak GPU memory {torch.cuda.max_memory_allocated(self.device) / 2**30:.2f}"
+                  " GiB" if self.device.type == "cuda" else "")
         log.info("stopped (%s) in epoch %d after %d updates (%s target tokens), %.0f s; best "
-                 "BLEU %.2f; checkpoints in %s", reason, s.trained_epoch, s.num_updates,
-                 f"{s.target_tokens:,}", s.train_time, s.best_bleu, self.ckpt_dir)
+                 "BLEU %.2f; checkpoints in %s%s", reason, s.trained_epoch, s.num_updates,
+                 f"{s.target_tokens:,}", s.train_time, s.best_bleu, self.ckpt_dir, memory)
         return TrainResult(reason, s, self.losses, valid)
 
     def run_epoch(self) -> str | None:
@@ -428,14 +471,14 @@ class Trainer:
         with tqdm(total=math.ceil(len(batches) / uf), initial=math.ceil(s.batches_done / uf),
                   desc=f"epoch {s.epoch}", unit="update", file=sys.stderr, leave=False,
                   dynamic_ncols=True, disable=not self.env.is_main or None) as bar:
-            for start in range(0, len(todo), uf):
+            groups = [todo[start:start + uf] for start in range(0, len(todo), uf)]
+            for batches in prefetched(self._collate_group, groups, t.prefetch_batches):
                 if t.max_updates is not None and s.num_updates >= t.max_updates:
                     return "max_updates"
-                group = todo[start:start + uf]
-                reason = self.train_step([self.data.train.collate(idx) for idx in group])
+                reason = self.train_step(batches)
                 if reason is not None:
                     return reason
-                s.batches_done += len(group)
+                s.batches_done += len(batches)
                 bar.update()
                 bar.set_postfix(self.log.meter.postfix(), refresh=False)
                 validate = (t.validate_every_updates and s.num_updates != s.last_validation
@@ -453,6 +496,11 @@ class Trainer:
             self.save()  # for resuming; numbered checkpoints come with the late epochs
             return None
         return "patience" if self.validate_and_save().early_stop else None
+
+    def _collate_group(self, group: list[np.ndarray]) -> list[Batch]:
+        """One update's batches, in page-locked memory when they go to a GPU."""
+        batches = [self.data.train.collate(idx) for idx in group]
+        return [b.pin_memory() for b in batches] if self.device.type == "cuda" else batches
 
     def train_step(self, batches: list[Batch]) -> str | None:
         """One update over `batches` (gradient accumulation). Returns "signal"/"max_time"
@@ -481,7 +529,8 @@ class Trainer:
     def batch_loss(self, batch: Batch) -> Tensor:
         """Label-smoothed cross-entropy summed over the batch's target tokens."""
         with self.autocast():
-            return self.train_loss(batch.src, batch.src_valid_lens, batch.tgt_in, batch.tgt_out)
+            return self.train_loss(batch.src, batch.src_valid_lens, batch.tgt_in, batch.tgt_out,
+                                   batch.tgt_index)
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
