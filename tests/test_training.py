@@ -23,7 +23,7 @@ from transformer.config import compose_config
 from transformer.errors import TrainingError
 from transformer.loss import LabelSmoothedLoss
 from transformer.model import ModelConfig, Transformer
-from transformer.plots import bleu_vs_time
+from transformer.plots import validation_curve
 from transformer.tokenizer import PAD_ID, Tokenizer
 from transformer.training import (
     DistEnv,
@@ -116,8 +116,10 @@ def test_smoke_experiment_learns_and_writes_the_run_directory(tmp_path, multi30k
     assert len(tb["train/loss"]) == 6 and len(tb["valid/bleu"]) == 2
     assert tb["train/lr"][0] < tb["train/lr"][-1]  # warming up
 
-    minutes, bleu = bleu_vs_time(tmp_path)  # the README's BLEU-vs-time plot reads these
-    assert bleu == tb["valid/bleu"] and len(minutes) == 2 and 0 < minutes[0] < minutes[1]
+    curve = validation_curve(tmp_path)  # what `transformer plot-curves` draws
+    assert curve.bleu == tb["valid/bleu"] and curve.loss == tb["valid/loss"]
+    assert len(curve.minutes) == 2 and 0 < curve.minutes[0] < curve.minutes[1]
+    assert curve.updates == sorted(curve.updates) and curve.updates[-1] == 12
     png = tmp_path / "plot" / "bleu.png"
     assert plot_curves_command.main([str(tmp_path), "-o", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

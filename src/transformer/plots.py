@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
@@ -21,7 +22,8 @@ from .files import atomic_write
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["new_figure", "save_png", "read_scalars", "bleu_vs_time", "plot_bleu_vs_time"]
+__all__ = ["new_figure", "save_png", "read_scalars", "ValidationCurve", "validation_curve",
+           "plot_validation_curves"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -59,31 +61,48 @@ def read_scalars(run_dir: PathLike, tag: str) -> dict[int, float]:
     return values
 
 
-def bleu_vs_time(run_dir: PathLike) -> tuple[list[float], list[float]]:
-    """(training minutes, validation BLEU) at each validation of a run, from the
-    `valid/train_time` and `valid/bleu` scalars the trainer logs."""
-    bleu, seconds = read_scalars(run_dir, "valid/bleu"), read_scalars(run_dir, "valid/train_time")
-    steps = sorted(set(bleu) & set(seconds))
+@dataclass
+class ValidationCurve:
+    """A run's validations, in update order: when, and what they measured."""
+
+    updates: list[int]
+    minutes: list[float]  # training time so far (resumes included), validation excluded
+    bleu: list[float]  # greedy validation BLEU
+    loss: list[float]  # label-smoothed validation loss per token
+
+
+def validation_curve(run_dir: PathLike) -> ValidationCurve:
+    """Every validation of a run, from the `valid/*` scalars the trainer logs."""
+    tags = {key: read_scalars(run_dir, f"valid/{key}") for key in ("bleu", "loss", "train_time")}
+    steps = sorted(set.intersection(*(set(values) for values in tags.values())))
     if not steps:
-        raise DataError(f"{run_dir}: no validation with both valid/bleu and valid/train_time")
-    return [seconds[s] / 60 for s in steps], [bleu[s] for s in steps]
+        raise DataError(f"{run_dir}: no validation with valid/bleu, valid/loss and "
+                        "valid/train_time")
+    return ValidationCurve(steps, [tags["train_time"][s] / 60 for s in steps],
+                           [tags["bleu"][s] for s in steps], [tags["loss"][s] for s in steps])
 
 
-def plot_bleu_vs_time(runs: Sequence[PathLike], output: PathLike,
-                      labels: Sequence[str] | None = None,
-                      title: str = "Validation BLEU (greedy) vs. training time") -> None:
-    """One line per run: validation BLEU against training wall-clock minutes."""
+def plot_validation_curves(runs: Sequence[PathLike], output: PathLike,
+                           labels: Sequence[str] | None = None,
+                           title: str = "Validation (greedy BLEU, loss)") -> None:
+    """One line per run in four panels: validation BLEU and loss, against training minutes
+    (the same time budget) and against updates (the same amount of training)."""
     labels = list(labels) if labels else [Path(r).name for r in runs]
     if len(labels) != len(runs):
         raise DataError(f"{len(runs)} runs but {len(labels)} labels")
-    fig = new_figure(7, 4.5, layout="tight")
-    ax = fig.subplots()
+    fig = new_figure(11, 7.5, layout="tight")
+    axes = fig.subplots(2, 2)
     for run, label in zip(runs, labels, strict=True):
-        minutes, bleu = bleu_vs_time(run)
-        ax.plot(minutes, bleu, marker=".", label=label)
-    ax.set_xlabel("training time (minutes)")
-    ax.set_ylabel("validation BLEU")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    save_png(fig, output, dpi=120)
+        curve = validation_curve(run)
+        for row, values in enumerate((curve.bleu, curve.loss)):
+            axes[row, 0].plot(curve.minutes, values, marker=".", label=label)
+            axes[row, 1].plot(curve.updates, values, marker=".", label=label)
+    for row, name in enumerate(("validation BLEU", "validation loss")):
+        for col, x in enumerate(("training time (minutes)", "updates")):
+            ax = axes[row, col]
+            ax.set_xlabel(x)
+            ax.set_ylabel(name)
+            ax.grid(alpha=0.3)
+    axes[0, 0].legend()
+    fig.suptitle(title)
+    save_png(fig, output, dpi=110)

@@ -1,4 +1,5 @@
-"""Plot validation BLEU against training time from runs' TensorBoard logs.
+"""Plot validation BLEU and loss against training time and updates from runs' TensorBoard
+logs.
 
     transformer plot-curves RUN_DIR [RUN_DIR ...] [--labels A B ...] -o docs/bleu.png
 
@@ -11,7 +12,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..plots import plot_bleu_vs_time
+from ..plots import plot_validation_curves
 from . import report_errors
 
 
@@ -20,12 +21,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", type=Path, help="run directories (hydra.run.dir)")
     p.add_argument("--labels", nargs="+", help="legend entries, one per run")
     p.add_argument("-o", "--output", type=Path, required=True, help="PNG file to write")
-    p.add_argument("--title", default="Validation BLEU (greedy) vs. training time")
+    p.add_argument("--title", default="Validation (greedy BLEU, loss)")
     return p
 
 
 def run(args: argparse.Namespace) -> None:
-    plot_bleu_vs_time(args.runs, args.output, args.labels, args.title)
+    plot_validation_curves(args.runs, args.output, args.labels, args.title)
     print(f"wrote {args.output}")
 
 
