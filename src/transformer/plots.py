@@ -66,7 +66,7 @@ class ValidationCurve:
     """A run's validations, in update order: when, and what they measured."""
 
     updates: list[int]
-    minutes: list[float]  # training time so far (resumes included), validation excluded
+    minutes: list[float]  # training time so far (wall clock, validations and resumes included)
     bleu: list[float]  # greedy validation BLEU
     loss: list[float]  # label-smoothed validation loss per token
 
