@@ -73,7 +73,7 @@ CHUNK_LOGITS = {"cpu": 2 ** 22, "cuda": 2 ** 26}
 
 def default_chunk_rows(vocab_size: int, device: torch.device) -> int:
     """Rows per chunk of `linear_label_smoothed_cross_entropy` on `device`."""
-    return max(MIN_CHUNK_ROWS, CHUNK_LOGITS.get(device.type, 2 ** 22) // vocab_size)
+    return max(MIN_CHUNK_ROWS, CHUNK_LOGITS.get(device.type, CHUNK_LOGITS["cpu"]) // vocab_size)
 
 
 class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):

@@ -299,7 +299,6 @@ class Trainer:
         self.ckpt_dir = run_dir / "checkpoints"
         self.device = resolve_device(cfg.trainer.device, env)
         self.precision = resolve_precision(cfg.trainer.precision, self.device)
-        self.amp_dtype = self.precision.dtype
         if self.device.type == "cuda":
             log.info("CUDA: %s", configure_cuda(cfg.trainer.tf32, cfg.trainer.cudnn_attention))
         self.stop_requested: str | None = None  # set by the signal handler
@@ -321,7 +320,7 @@ class Trainer:
             self.optimizer, lr_lambda(cfg.optim.schedule, cfg.optim.warmup_updates,
                                       cfg.trainer.max_updates, cfg.optim.cooldown_updates))
         self.scaler = (torch.amp.GradScaler(self.device.type)
-                       if self.amp_dtype == torch.float16 else None)
+                       if self.precision.dtype == torch.float16 else None)
         self.state = TrainState()
         torch.manual_seed(cfg.seed + env.rank)  # dropout differs between ranks
         if resume is not None:
@@ -428,9 +427,9 @@ class Trainer:
         if self.env.is_main:
             with atomic_write(self.run_dir / "config.yaml", text=True) as f:
                 f.write(OmegaConf.to_yaml(OmegaConf.structured(self.cfg)))
+            dtype = self.precision.dtype
             log.info("device %s, %s (%s)", self.device,
-                     "float32" if self.amp_dtype is None else f"autocast {self.amp_dtype}",
-                     self.precision.why)
+                     "float32" if dtype is None else f"autocast {dtype}", self.precision.why)
 
     def close(self) -> None:
         self.log.close()
@@ -533,8 +532,8 @@ class Trainer:
                                    batch.tgt_index)
 
     def autocast(self):
-        return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
-                              enabled=self.amp_dtype is not None)
+        return torch.autocast(self.device.type, dtype=self.precision.dtype or torch.bfloat16,
+                              enabled=self.precision.dtype is not None)
 
     def _agree_before_update(self, local_tokens: int) -> _Agreement:
         """Total target tokens of this update over all ranks, and a stop reason if any rank
