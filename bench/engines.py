@@ -69,14 +69,18 @@ ROWS |= {f"{name}{mode}": (name, mode) for name in ("torch", "ct2 float32")
 
 
 def mode_options(mode: str) -> dict:
-    """`translate` options of a mode (imported here: the baseline package may lack them)."""
-    if mode == " sampling":
+    """`translate` options of a mode: beam 5, or sampling (imported here: a baseline package
+    may lack them, or keep them in other modules)."""
+    try:
+        from transformer.decoding import AlignmentOptions, Sampling
+    except ImportError:
+        from transformer.alignment import AlignmentOptions
         from transformer.search import Sampling
+    if mode == " sampling":
         return {"sampling": Sampling(topk=10, seed=1)}
     if mode == " + alignment":
-        from transformer.alignment import AlignmentOptions
-        return {"alignment": AlignmentOptions()}
-    return {}
+        return {"beam_size": 5, "alignment": AlignmentOptions()}
+    return {"beam_size": 5}
 INT8 = ("ct2 int8", MAPPED)
 FLOAT32 = ("ct2 float32", "ct2 float32 + vmap")
 # sentences/s vs ours at 2 threads
@@ -98,7 +102,7 @@ def child(args: argparse.Namespace) -> None:
     engine = "torch" if ENGINES[name] is None else "ctranslate2"
     translator = load_translator(args.model, engine, device="cpu", threads=threads)
     lines = test_lines(args.data_root, "en")[:args.sentences]
-    options = {"beam_size": 5, "max_tokens": args.max_tokens, **mode_options(mode)}
+    options = {"max_tokens": args.max_tokens, **mode_options(mode)}
     translator.translate(lines[:8], **options)  # warm-up
     reset_peak_rss()
     seconds = []

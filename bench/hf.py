@@ -24,7 +24,7 @@ per side, collated by `store.ParallelCorpus`), train mode with dropout 0.1, both
 default learning rate (5e-4) and clipping (`optim.clip_norm`: none, the norm measured):
   ours  what `Trainer.train_step` does without DDP: `loss.LabelSmoothedLoss` (eps 0.1, the
         output projection fused into the loss on non-pad positions) / target tokens,
-        backward, `clip_grad_norm_`, `training.build_optimizer` (fused Adam), zero_grad
+        backward, `clip_grad_norm_`, `optimizer.build_optimizer` (fused Adam), zero_grad
   HF    `MarianMTModel` with the batch's decoder inputs, `cross_entropy(label_smoothing=0.1,
         ignore_index=-100, reduction="sum")` / target tokens on its logits, backward,
         `clip_grad_norm_`, `torch.optim.AdamW(fused=True, weight_decay=0)`: the optimizer
@@ -77,11 +77,11 @@ from transformer.hf import import_hf
 from transformer.loss import LabelSmoothedLoss
 from transformer.model import Transformer
 from transformer.multi30k import DEFAULT_ROOT, download_multi30k
+from transformer.optimizer import build_optimizer
 from transformer.search import Hypothesis
 from transformer.store import Batch, ParallelCorpus
 from transformer.text import ParallelText, read_lines
 from transformer.tokenizer import TokenizerPair
-from transformer.training import build_optimizer
 from transformer.translator import Translator
 
 TARGETS = {"train": 1.3, "beam": 1.5}  # ours / HF, measured in the same run

@@ -165,7 +165,8 @@ def child_train(argv: list[str], updates: int, started: float) -> None:
     """Train `updates` updates (no validation) and report start-up, peak RSS and tokens/s."""
     import torch  # noqa: F401  (imports count as start-up)
 
-    from transformer.training import DistEnv, Trainer
+    from transformer.runtime import DistEnv
+    from transformer.training import Trainer
 
     marks: list[tuple[float, int]] = []
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from reference_search import reference_beam_search  # noqa: E402
 
-from transformer.config import DecodingSettings  # noqa: E402
+from transformer.decoding import DecodingRequest  # noqa: E402
 from transformer.multi30k import DEFAULT_ROOT, download_multi30k  # noqa: E402
 from transformer.search import max_output_lengths, search_corpus  # noqa: E402
 from transformer.text import read_lines  # noqa: E402
@@ -49,8 +49,8 @@ def main() -> None:
     print(f"{args.checkpoint}: {len(sources)} sentences, alpha {alpha:g}")
     for name, (beam_size, nbest) in SETTINGS.items():
         start = time.perf_counter()
-        fast = search_corpus(model, sources, nbest=nbest,
-                             settings=DecodingSettings(beam_size=beam_size, alpha=alpha))
+        fast = search_corpus(model, sources,
+                             DecodingRequest(beam_size=beam_size, nbest=nbest, alpha=alpha))
         fast_s = time.perf_counter() - start
         start = time.perf_counter()
         with torch.no_grad():

@@ -7,7 +7,7 @@ Multi30k batches (max_tokens 4096 by default, vocab 8000), stepped alternately i
 machine noise hits both alike. One table row per size and setting: float32 by default;
 `--tf32` adds rows with float32 matrix products on TF32 tensor cores, `--bf16` rows under bf16
 autocast (TF32 for what stays float32), and `--cudnn-attention both` repeats every row with
-scaled_dot_product_attention's cuDNN kernel off (`transformer.training.configure_cuda`; TF32
+scaled_dot_product_attention's cuDNN kernel off (`transformer.runtime.configure_cuda`; TF32
 and cuDNN are CUDA switches, no-ops on a CPU). The GPU table, e.g. on an H200 in ~1 minute:
 
     python3 bench/train_speed.py --device cuda --sizes tiny base --max-tokens 8192 16384 \\
@@ -78,9 +78,9 @@ from transformer.data import Data, load_data
 from transformer.loss import LabelSmoothedLoss
 from transformer.model import ModelConfig, PositionalEncoding, Transformer
 from transformer.multi30k import DEFAULT_ROOT
+from transformer.runtime import configure_cuda
 from transformer.store import Batch
 from transformer.tokenizer import PAD_ID
-from transformer.training import configure_cuda
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(tempfile.gettempdir()) / "transformer-bench-train-speed"  # spm + cache, reused
@@ -357,7 +357,7 @@ def main() -> None:
                             + " TFLOP/s" if peaks[precisions[0]] is not None
                             else "n/a: no known peak for this device (--peak-tflops)"))
     if cuda:
-        print("CUDA switches per row (transformer.training.configure_cuda): fp32 IEEE float32 "
+        print("CUDA switches per row (transformer.runtime.configure_cuda): fp32 IEEE float32 "
               "matrix products, tf32 and bf16 TF32; cuDNN attention allowed unless noCuDNN")
     header = (f"{'model':<7}{'setting':<14}{'ours upd/s':>11}{'ref upd/s':>10}"
               f"{'ours tok/s':>11}{'ref tok/s':>10}{'ours/ref':>9}{'ours MiB':>9}"

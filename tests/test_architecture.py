@@ -14,7 +14,7 @@ import pytest
 
 from transformer import multi30k
 from transformer.config import DataConfig, TrainConfig
-from transformer.errors import CheckpointError
+from transformer.errors import CheckpointError, DataError
 from transformer.evaluation import evaluation_text
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "transformer"
@@ -22,12 +22,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "transformer"
 # Lowest first; a module may import only modules of lower layers (docs/DESIGN.md).
 LAYERS = [
     {"errors"},
-    {"ops", "files", "text", "train_log"},
+    {"ops", "files", "text", "train_log", "runtime"},
     {"tokenizer", "attention", "multi30k", "batching", "plots"},
     {"blocks", "store"},
     {"model"},
     {"config"},
-    {"checkpoint", "vocabulary"},
+    {"checkpoint", "run_tokenizers", "optimizer", "decoding"},
     {"data", "search", "loss", "attention_maps", "alignment", "vocab_map"},
     {"translator"},
     {"heads", "evaluation", "export", "hf", "serve"},
@@ -65,6 +65,36 @@ def test_modules_import_only_lower_layers():
             assert rank[imported] < rank[module], f"{module} imports {imported}"
     for path in sorted((PACKAGE / "cli").glob("*.py")):  # the top layer: anything below it
         assert all(rank[m] <= rank["cli"] for m in package_imports(path)), path
+
+
+def source_files() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_each_job_lives_in_its_module():
+    """Command-line parsing lives in `cli/`; optional packages are imported through
+    `errors.require` only; attention layers are recorded and masked through their own
+    context managers (no module sets another's attributes); decoding options reach every
+    search as one `DecodingRequest` (no search takes `beam_size` or `nbest` of its own)."""
+    for path in source_files():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        name = str(path.relative_to(PACKAGE))
+        imports = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                   for alias in node.names}
+        assert "argparse" not in imports or name.startswith("cli/"), name
+        caught = [ast.unparse(node.type) for node in ast.walk(tree)
+                  if isinstance(node, ast.ExceptHandler) and node.type is not None]
+        assert not any("ImportError" in c for c in caught) or name == "errors.py", name
+        poked = [ast.unparse(node) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                 for target in node.targets if isinstance(target, ast.Attribute)
+                 and target.attr in ("head_mask", "need_weights")
+                 and ast.unparse(target.value) != "self"]
+        assert not poked, (name, poked)
+        searches = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+                    and node.name.endswith(("search", "search_corpus", "_search_batch"))]
+        for node in searches:
+            params = {arg.arg for arg in node.args.args + node.args.kwonlyargs}
+            assert not params & {"beam_size", "nbest", "sampling", "alpha"}, (name, node.name)
 
 
 def test_importing_the_package_switches_no_matplotlib_backend():
@@ -106,11 +136,11 @@ def test_evaluation_reads_the_runs_own_data(tmp_path, multi30k_dir, multi30k_lin
     ref.write_bytes(gzip.decompress((multi30k_dir / "val.de.gz").read_bytes()))
     files = run_config(name="files", root=str(tmp_path / "gone"), train_src="t.en",
                        train_tgt="t.de", valid_src=str(src), valid_tgt=str(ref))
-    with pytest.raises(Exception, match="has 7 lines but"):
+    with pytest.raises(DataError, match="has 7 lines but"):
         evaluation_text(files, data="valid")
     ref.write_text("\n".join(valid_de[:7]) + "\n", encoding="utf-8")
     assert evaluation_text(files, data="valid").tgt == valid_de[:7]
-    with pytest.raises(Exception, match="the run has no test split"):
+    with pytest.raises(DataError, match="the run has no test split"):
         evaluation_text(files, data="test")
     with pytest.raises(CheckpointError, match="does not record its training data"):
         evaluation_text(None, data="valid")

@@ -268,3 +268,63 @@ def test_padding_mask_built_once_equals_valid_lens_in_every_block():
     short = X[:, :5], torch.tensor([5, 3, 1])  # few keys: the explicit path on CPU
     assert torch.equal(enc(short[0], short[1]),
                        enc(short[0], key_mask=key_padding_mask(short[1], 5)))
+
+
+# ---- recording and head masks: the layer's own context managers ----------------------------
+
+def test_recording_keeps_the_books_masked_softmax_per_head():
+    """`recording()` keeps what the book's path computes: masked_softmax(QK^T / sqrt(d))
+    per head, with the same output as a pass that records nothing (there: the fused path)."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 16, 16, 16, 4, 0.0, bias=True).eval()
+    X, Y = torch.randn(2, 3, 16), torch.randn(2, 60, 16)  # 60 keys: the fused path on CPU
+    valid_lens = torch.tensor([60, 17])
+    plain = mha(X, Y, Y, valid_lens)
+    with mha.recording() as record:
+        assert mha.is_recording and record.weights is None
+        recorded = mha(X, Y, Y, valid_lens)
+    q, k = transpose_qkv(mha.W_q(X), 4), transpose_qkv(mha.W_k(Y), 4)  # (batch * heads, ...)
+    scores = torch.bmm(q, k.transpose(1, 2)) / math.sqrt(4)
+    expected = masked_softmax(scores, valid_lens.repeat_interleave(4))
+    torch.testing.assert_close(record.weights, expected.unflatten(0, (2, 4)))
+    torch.testing.assert_close(recorded, plain, atol=1e-5, rtol=1e-5)
+    # On exit the layer keeps nothing and records nothing; the record keeps its weights.
+    assert not mha.is_recording and mha.attention.attention_weights is None
+    kept = record.weights
+    mha(X, Y, Y, valid_lens, need_weights=True)
+    assert record.weights is kept
+
+
+def test_recording_ends_on_an_exception_and_nests():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(8, 8, 8, 8, 2, 0.0).eval()
+    X = torch.randn(1, 3, 8)
+    with pytest.raises(RuntimeError, match="inside"), mha.recording():
+        mha(X, X, X)
+        raise RuntimeError("inside")
+    assert not mha.is_recording and mha.attention.attention_weights is None
+    with mha.recording() as outer:
+        with mha.recording() as inner:
+            mha(X, X, X)
+        assert inner.weights is outer.weights and mha.is_recording  # the outer still records
+        mha(X[:, :2], X[:, :2], X[:, :2])
+        assert outer.weights.shape == (1, 2, 2, 2) and inner.weights.shape == (1, 2, 3, 3)
+    assert not mha.is_recording
+
+
+def test_masking_heads_restores_the_previous_mask():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 16, 16, 16, 4, 0.0, bias=True).eval()
+    X = torch.randn(2, 3, 16)
+    plain = mha(X, X, X)
+    with mha.masking_heads(torch.zeros(4)):
+        torch.testing.assert_close(mha(X, X, X), mha.W_o.bias.expand(2, 3, 16))
+        with pytest.raises(RuntimeError, match="inside"), mha.masking_heads(torch.ones(4)):
+            raise RuntimeError("inside")
+        assert torch.equal(mha.head_mask, torch.zeros(4))  # the outer mask is back
+        with pytest.raises(ValueError, match="cannot prune heads inside masking_heads"):
+            mha.prune_heads([0])
+    assert mha.head_mask is None and torch.equal(mha(X, X, X), plain)
+    with pytest.raises(ValueError, match=r"one entry per head \(4\), got shape \(3,\)"), \
+            mha.masking_heads(torch.ones(3)):
+        pass

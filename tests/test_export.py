@@ -9,25 +9,27 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
 import sacrebleu
 import torch
+from outputs import scored
 
-from transformer.alignment import AlignmentOptions
 from transformer.checkpoint import inference_checkpoint, save_checkpoint
 from transformer.cli import export as export_command
 from transformer.cli import translate as translate_command
+from transformer.cli.reports import translate_lines
 from transformer.config import TrainConfig
+from transformer.decoding import AlignmentOptions, RequestError, Sampling
 from transformer.engines import CTranslate2Translator, load_translator
-from transformer.errors import ExportError
+from transformer.errors import MissingDependency
 from transformer.export import VOCAB_MAP, export_ctranslate2, read_export
 from transformer.model import ModelConfig, Transformer
-from transformer.search import Sampling
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, TokenizerPair
-from transformer.translator import Translator, translate_lines
+from transformer.translator import Translator
 from transformer.vocab_map import MIN_PAIRS, VocabMap, build_vocab_map
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
@@ -94,8 +96,8 @@ def test_float32_greedy_is_our_greedy(torch_translator, ct2, test_text):
     """Greedy search is the same argmax in both engines: >= 99% identical outputs (a flip
     needs two logits within float rounding of each other), and the same log-probs."""
     src, refs = test_text
-    ours = torch_translator.translate(src, beam_size=1, return_scores=True)
-    theirs = ct2["float32"].translate(src, beam_size=1, return_scores=True)
+    ours = scored(torch_translator.translations(src, beam_size=1))
+    theirs = scored(ct2["float32"].translations(src, beam_size=1))
     ours_text, theirs_text = [s[0][0] for s in ours], [s[0][0] for s in theirs]
     assert same_fraction(ours_text, theirs_text) >= 0.99
     assert 1.0 < bleu(ours_text, refs)  # a real (weak) model, not an empty output
@@ -149,8 +151,9 @@ def test_alignments_and_sampling_through_ctranslate2(torch_translator, ct2, expo
     same = [a[0].alignment == b[0].alignment for a, b in zip(ours, theirs, strict=True)
             if a[0].text == b[0].text]
     assert len(same) >= 95 and sum(same) >= 0.95 * len(same)
-    with pytest.raises(ValueError, match="alignment_layer"):
+    with pytest.raises(RequestError, match="alignment_layer") as info:
         ct2["float32"].translations(src[:2], alignment=AlignmentOptions(layer=0))
+    assert info.value.field == "alignment_layer"
     engine = ct2["float32"]
     assert engine.translate(src, sampling=Sampling(topk=1)) == engine.translate(src,
                                                                                  beam_size=1)
@@ -174,8 +177,8 @@ def test_int8_within_0_5_bleu_at_under_30_percent_of_the_size(torch_translator, 
 
 def test_nbest_scores_and_blank_lines_follow_our_conventions(torch_translator, ct2):
     lines = ["A man rides a bike.", "", "Two dogs play in the snow.", "   "]
-    ours = torch_translator.translate(lines, beam_size=4, nbest=3, max_tokens=16)
-    theirs = ct2["float32"].translate(lines, beam_size=4, nbest=3, max_tokens=16)
+    ours = scored(torch_translator.translations(lines, beam_size=4, nbest=3, max_tokens=16))
+    theirs = scored(ct2["float32"].translations(lines, beam_size=4, nbest=3, max_tokens=16))
     assert [len(s) for s in theirs] == [3, 3, 3, 3]
     assert theirs[1] == theirs[3] == [("", 0.0)] * 3
     for s in theirs:
@@ -252,10 +255,9 @@ def test_pre_norm_model_exports(tokenizer, test_text, tmp_path):
     checkpoint = save(model, tokenizer, tmp_path / "pre.pt")
     export_ctranslate2(Translator.load(checkpoint, device="cpu"), tmp_path / "ct2")
     src = test_text[0][:30]
-    ours = Translator.load(checkpoint, device="cpu").translate(src, beam_size=1,
-                                                               return_scores=True)
-    theirs = load_translator(tmp_path / "ct2", "ctranslate2", device="cpu").translate(
-        src, beam_size=1, return_scores=True)
+    ours = scored(Translator.load(checkpoint, device="cpu").translations(src, beam_size=1))
+    theirs = scored(load_translator(tmp_path / "ct2", "ctranslate2",
+                                    device="cpu").translations(src, beam_size=1))
     assert same_fraction([s[0][0] for s in ours], [s[0][0] for s in theirs]) >= 0.9
     assert theirs[0][0][1] == pytest.approx(ours[0][0][1], rel=1e-3)
 
@@ -292,8 +294,8 @@ def test_translate_lines_accepts_either_engine(ct2, torch_translator, test_text)
     import io
 
     out = io.StringIO()
-    kept = translate_lines(ct2["float32"], iter(test_text[0][:9]), out, chunk_lines=4,
-                           keep=True, beam_size=1)
+    kept = translate_lines(ct2["float32"], iter(test_text[0][:9]), out,
+                           ct2["float32"].request(beam_size=1), chunk_lines=4, keep=True)
     assert out.getvalue().splitlines() == kept
     assert same_fraction(kept, torch_translator.translate(test_text[0][:9], beam_size=1)) >= 0.8
 
@@ -332,28 +334,38 @@ def test_export_script_errors_are_one_line(checkpoint, exports, tmp_path, capsys
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
-def test_translate_script_ctranslate2_errors_are_one_line(checkpoint, tmp_path, capsys):
+def test_translate_script_ctranslate2_errors_are_one_line(checkpoint, exports, tmp_path,
+                                                          capsys):
     src = write_lines(tmp_path / "in.txt", ["Hallo"])
     for path, needle in ((checkpoint, "is not a CTranslate2 export"),
                          (tmp_path / "missing", "is not a CTranslate2 export")):
         assert translate_command.main(["--engine", "ctranslate2", "--checkpoint", str(path),
                                       "--input", str(src)]) == 1
         one_line_error(capsys, needle)
+    # what CTranslate2 cannot do, named as the options that ask for it
+    for options, needle in ((["--alignment", "--alignment-head", "0"], "--alignment-head"),
+                            (["--alignment", "--alignment-layer", "0"], "--alignment-layer")):
+        out = tmp_path / "out.txt"
+        assert translate_command.main(["--engine", "ctranslate2", "--checkpoint",
+                                      str(exports["float32"]), "--input", str(src),
+                                      "--output", str(out), *options]) == 1
+        one_line_error(capsys, needle, "need the torch engine")
+        assert not out.exists()
 
 
 def test_missing_ctranslate2_says_how_to_install(checkpoint, exports, tmp_path, capsys,
                                                  monkeypatch):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # `import ctranslate2` fails
-    with pytest.raises(ExportError,
-                       match=r"pip install 'ctranslate2>=4' \(the package's \[export\] extra\)"):
+    hint = "needs the optional package ctranslate2: pip install 'transformer[export]'"
+    with pytest.raises(MissingDependency, match=re.escape(hint)):
         load_translator(exports["float32"], "ctranslate2")
     src = write_lines(tmp_path / "in.txt", ["Hallo"])
     assert translate_command.main(["--engine", "ctranslate2", "--checkpoint",
                                   str(exports["float32"]), "--input", str(src)]) == 1
-    one_line_error(capsys, "pip install 'ctranslate2>=4'")
+    one_line_error(capsys, hint)
     assert export_command.main(["--checkpoint", str(checkpoint), "--output",
                                str(tmp_path / "ct2")]) == 1
-    one_line_error(capsys, "pip install 'ctranslate2>=4'")
+    one_line_error(capsys, hint)
     # Our engine needs no ctranslate2.
     assert translate_command.main(["--checkpoint", str(checkpoint), "--input", str(src),
                                   "--output", str(tmp_path / "out.txt"), "--device",
@@ -423,8 +435,8 @@ def test_a_map_of_every_piece_changes_nothing(ct2, mapped_exports, test_text):
     everything = load_translator(mapped_exports["everything"], "ctranslate2", threads=1)
     assert everything.info.vocab_map["always"] > 1000
     src = test_text[0][:100]
-    mapped = everything.translate(src, beam_size=4, return_scores=True, max_tokens=1)
-    unmapped = ct2["int8"].translate(src, beam_size=4, return_scores=True, max_tokens=1)
+    mapped = scored(everything.translations(src, beam_size=4, max_tokens=1))
+    unmapped = scored(ct2["int8"].translations(src, beam_size=4, max_tokens=1))
     assert [hyps[0][0] for hyps in mapped] == [hyps[0][0] for hyps in unmapped]
     for a, b in zip(mapped, unmapped, strict=True):
         assert a[0][1] == pytest.approx(b[0][1], rel=1e-5)
@@ -441,7 +453,7 @@ def test_mapped_output_uses_only_candidates_and_keeps_bleu(torch_translator, map
         allowed = set(rules[""].split()) | {"<unk>"}
         for i in ids:
             allowed.update(rules.get(mapped.tokenizers.src.id_to_piece(i), "").split())
-        best = mapped._search_batch([ids], mapped.settings(beam_size=4), nbest=1)[0][0]
+        best = mapped._search_batch([ids], mapped.request(beam_size=4))[0][0]
         used = {mapped.tokenizers.tgt.id_to_piece(i) for i in best.tokens}
         assert used <= allowed, used - allowed
     ours = torch_translator.translate(src, beam_size=5, alpha=1.0)
@@ -468,7 +480,7 @@ def test_export_script_vocab_map_and_its_errors(checkpoint, multi30k_dir, tmp_pa
     assert export_command.main(["--checkpoint", str(checkpoint), "--output",
                                str(tmp_path / "o"), "--vocab-map", str(bad), str(short)]) == 1
     one_line_error(capsys, str(bad), "line 10")
-    with pytest.raises(SystemExit):
-        export_command.main(["--checkpoint", str(checkpoint), "--output", str(tmp_path / "o"),
-                            "--vocab-map", *train, "--vocab-map-size", "0"])
-    assert "--vocab-map-size must be >= 1" in capsys.readouterr().err
+    assert export_command.main(["--checkpoint", str(checkpoint), "--output",
+                                str(tmp_path / "o"), "--vocab-map", *train,
+                                "--vocab-map-size", "0"]) == 1
+    one_line_error(capsys, "--vocab-map-size must be >= 1")

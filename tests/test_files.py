@@ -10,15 +10,11 @@ would on a full filesystem.
 from __future__ import annotations
 
 import contextlib
-import os
 import resource
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from transformer import checkpoint as ckpt
 from transformer.data import SplitFiles, write_split_store
@@ -26,9 +22,6 @@ from transformer.errors import WriteError
 from transformer.files import atomic_write
 from transformer.store import ParallelCorpus
 from transformer.tokenizer import Tokenizer, TokenizerPair
-
-REPO = Path(__file__).resolve().parents[1]
-ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def _limit_file_size(nbytes: int) -> None:
@@ -100,10 +93,13 @@ def test_full_disk_while_saving_the_tokenizer_and_the_corpus_store(tmp_path, mul
     assert ParallelCorpus.open(store).pair(0)[0] == tokenizer.encode(lines[0])
 
 
-def test_full_disk_while_checkpointing_stops_training_with_one_line(tmp_path, multi30k_dir,
-                                                                    multi30k_small_tokenizer_path):
+def test_full_disk_while_checkpointing_stops_training_with_one_line(
+        tmp_path, multi30k_dir, multi30k_small_tokenizer_path, capsys, one_thread):
     """The run stops with exit 1 and one line naming the checkpoint and the last good one,
-    which is intact and loadable; no temporary file is left."""
+    which is intact and loadable; no temporary file is left. (Both runs in this process:
+    `transformer train` as its command line runs it, the second under the size limit.)"""
+    from transformer import cli
+
     run = tmp_path / "run"
     overrides = [f"data.root={multi30k_dir}", f"data.spm_model={multi30k_small_tokenizer_path}",
                  "data.vocab_size=400", "data.max_train_pairs=100", "data.max_tokens=512",
@@ -111,47 +107,38 @@ def test_full_disk_while_checkpointing_stops_training_with_one_line(tmp_path, mu
                  "model.num_encoder_layers=1", "model.num_decoder_layers=1",
                  "optim.cooldown_updates=0", "trainer.bleu_max_sentences=4",
                  "trainer.validate_every_updates=1", f"hydra.run.dir={run}"]
-    command = [sys.executable, str(REPO / "scripts/train.py"), *overrides]
-    first = subprocess.run(command + ["trainer.max_updates=1"], cwd=tmp_path,
-                           env=ONE_THREAD_ENV, capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr[-2000:]
+    assert cli.main(["train", *overrides, "trainer.max_updates=1"]) == 0, \
+        capsys.readouterr().err[-2000:]
     last = run / "checkpoints" / "checkpoint_last.pt"
     size = last.stat().st_size
     assert size > 200_000  # so that the limit below stops only the checkpoint
-    second = subprocess.run(command + ["trainer.max_updates=3"], cwd=tmp_path,
-                            env=ONE_THREAD_ENV, capture_output=True, text=True, timeout=300,
-                            preexec_fn=lambda: _limit_file_size(size // 2))
-    assert second.returncode == 1
-    assert second.stderr.strip().splitlines()[-1] == (  # after the run's log lines
+    capsys.readouterr()
+    with file_size_limit(size // 2), pytest.raises(SystemExit) as exited:
+        cli.main(["train", *overrides, "trainer.max_updates=3"])  # Hydra's app exits
+    err = capsys.readouterr().err
+    assert exited.value.code == 1
+    assert err.strip().splitlines()[-1] == (  # after the run's log lines
         f"error: could not write {last}: File too large; the last good checkpoint is still "
         f"{last}")
-    assert "Traceback" not in second.stderr
+    assert "Traceback" not in err
     assert ckpt.load_checkpoint(last)["train_state"]["num_updates"] == 1
     assert leftovers(run / "checkpoints") == []
 
 
-def test_full_disk_while_writing_translations(tmp_path, multi30k_small_tokenizer_path):
-    from transformer.model import ModelConfig, Transformer
+def test_full_disk_while_writing_translations(tmp_path, random_checkpoint, capsys,
+                                              one_thread):
+    """`transformer translate --output` (in this process, under the size limit)."""
+    from transformer import cli
 
-    tokenizer = Tokenizer.load(multi30k_small_tokenizer_path)
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(src_vocab_size=tokenizer.vocab_size,
-                                    tgt_vocab_size=tokenizer.vocab_size, num_hiddens=16,
-                                    ffn_num_hiddens=32, num_heads=2, num_encoder_layers=1,
-                                    num_decoder_layers=1))
-    checkpoint = tmp_path / "model.pt"
-    ckpt.save_checkpoint(ckpt.inference_checkpoint(model, TokenizerPair(tokenizer, tokenizer),
-                                                   training_config=None), checkpoint)
     source = tmp_path / "in.txt"
     source.write_text("A man rides a bike.\n" * 300, encoding="utf-8")
     output = tmp_path / "out" / "hyp.txt"
     output.parent.mkdir()
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/translate.py"), "--checkpoint", str(checkpoint),
-         "--input", str(source), "--output", str(output), "--beam-size", "1", "--device",
-         "cpu"], env=ONE_THREAD_ENV, capture_output=True, text=True, timeout=300,
-        preexec_fn=lambda: _limit_file_size(2000))
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == (
+    with file_size_limit(2000):
+        status = cli.main(["translate", "--checkpoint", str(random_checkpoint), "--input",
+                           str(source), "--output", str(output), "--beam-size", "1",
+                           "--device", "cpu"])
+    assert status == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"error: could not write {output}: File too large")
     assert list(output.parent.iterdir()) == []  # no partial output, no temporary file

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from outputs import scored
 
 from transformer import attention_maps, heads
 from transformer.attention import MultiHeadAttention
@@ -29,11 +30,13 @@ from transformer.cli import attention_maps as attention_maps_command
 from transformer.cli import head_importance as head_importance_command
 from transformer.cli import prune_heads as prune_heads_command
 from transformer.config import DataConfig, DecodingSettings, TrainConfig, compose_config
+from transformer.decoding import DecodingRequest
 from transformer.errors import CheckpointError
 from transformer.model import ModelConfig, Transformer
+from transformer.runtime import DistEnv
 from transformer.search import beam_search
 from transformer.tokenizer import PAD_ID, Tokenizer, TokenizerPair
-from transformer.training import DistEnv, Trainer
+from transformer.training import Trainer
 from transformer.translator import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
@@ -77,7 +80,8 @@ def random_batch(vocab: int = 50, seed: int = 1):
 
 
 def mask_for(model: Transformer, pruned: dict[str, list[int]]) -> dict[str, torch.Tensor]:
-    """head_mask tensors that zero `pruned` (original indices of an unpruned model)."""
+    """Head masks (`heads.head_masks`) that zero `pruned` (original indices of an unpruned
+    model)."""
     masks = {}
     for name, hs in pruned.items():
         masks[name] = torch.ones(model.config.num_heads)
@@ -115,9 +119,8 @@ def test_default_path_is_unchanged():
     valid_lens = torch.tensor([60, 17])
     for need_weights in (False, True):
         plain = attention(X, Y, Y, valid_lens, need_weights=need_weights)
-        attention.head_mask = torch.ones(4)
-        ones = attention(X, Y, Y, valid_lens, need_weights=need_weights)
-        attention.head_mask = None
+        with attention.masking_heads(torch.ones(4)):
+            ones = attention(X, Y, Y, valid_lens, need_weights=need_weights)
         assert torch.equal(plain, ones)
 
 
@@ -125,12 +128,11 @@ def test_head_mask_scales_each_head_before_W_o():
     torch.manual_seed(0)
     attention = MultiHeadAttention(16, 16, 16, 16, 4, 0.0, bias=True).eval()
     X = torch.randn(2, 3, 16)
-    attention.head_mask = torch.zeros(4)
-    torch.testing.assert_close(attention(X, X, X), attention.W_o.bias.expand(2, 3, 16))
+    with attention.masking_heads(torch.zeros(4)):
+        torch.testing.assert_close(attention(X, X, X), attention.W_o.bias.expand(2, 3, 16))
     # One row per example: example 0 keeps every head, example 1 none.
-    attention.head_mask = torch.tensor([[1.0, 1, 1, 1], [0, 0, 0, 0]])
-    out = attention(X, X, X)
-    attention.head_mask = None
+    with attention.masking_heads(torch.tensor([[1.0, 1, 1, 1], [0, 0, 0, 0]])):
+        out = attention(X, X, X)
     torch.testing.assert_close(out[0], attention(X, X, X)[0])
     torch.testing.assert_close(out[1], attention.W_o.bias.expand(3, 16))
 
@@ -145,11 +147,11 @@ def test_zero_mask_equals_pruning_and_pruned_model_is_smaller():
     pruned.prune_heads(SOME_HEADS)
     with heads.head_masks(model, mask_for(model, SOME_HEADS)):
         masked_logits = model(src, src_valid_lens, tgt_in)
-        masked_hyps = beam_search(model, src, src_valid_lens, beam_size=3, nbest=2)
+        masked_hyps = beam_search(model, src, src_valid_lens, DecodingRequest(beam_size=3, nbest=2))
     torch.testing.assert_close(pruned(src, src_valid_lens, tgt_in), masked_logits,
                                rtol=1e-5, atol=1e-6)
     # Decoding over the key/value cache (beam reordering included) agrees too.
-    pruned_hyps = beam_search(pruned, src, src_valid_lens, beam_size=3, nbest=2)
+    pruned_hyps = beam_search(pruned, src, src_valid_lens, DecodingRequest(beam_size=3, nbest=2))
     assert [[h.tokens for h in s] for s in pruned_hyps] == \
         [[h.tokens for h in s] for s in masked_hyps]
     assert not torch.allclose(model(src, src_valid_lens, tgt_in), masked_logits)
@@ -256,11 +258,10 @@ def test_importance_scores_match_direct_computations(tokenizers, pairs):
     for src, ref in zip(sources, references, strict=True):
         (batch,) = heads.teacher_forced_batches(tokenizers, [src], [ref], "cpu")
         gate = torch.ones(4, requires_grad=True)
-        layer.head_mask = gate
-        logits = model(batch.src, batch.src_valid_lens, batch.tgt_in)
+        with layer.masking_heads(gate):
+            logits = model(batch.src, batch.src_valid_lens, batch.tgt_in)
         loss = F.cross_entropy(logits[0], batch.tgt_out[0], reduction="sum")
         expected += torch.autograd.grad(loss, gate)[0].abs()
-        layer.head_mask = None
     gradient = [s.gradient for s in report.heads if s.name == score.name]
     torch.testing.assert_close(torch.tensor(gradient), expected / len(sources),
                                rtol=1e-4, atol=1e-6)
@@ -313,7 +314,7 @@ def test_attention_maps_shapes_and_state_restored(tmp_path, tokenizers, pairs):
         torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:2]))
     assert model.training  # restored
     for layer in attention_maps.attention_layers(model):
-        assert not layer.module.need_weights and layer.module.attention.attention_weights is None
+        assert not layer.module.is_recording and layer.module.attention.attention_weights is None
 
     paths = attention_maps.write_attention_maps(model, tokenizers, src, ref, tmp_path)
     assert sorted(p.name for p in paths) == sorted(
@@ -381,9 +382,9 @@ def test_pruning_a_tuned_checkpoint_keeps_its_decoding_settings(tmp_path, tokeni
     assert translator.decoding == DecodingSettings(alpha=2.5, beam_size=3)
     assert translator.training_config == run_config
     lines = pairs[0][:6]
-    scored = translator.translate(lines, return_scores=True)
-    assert scored == translator.translate(lines, return_scores=True, alpha=2.5, beam_size=3)
-    assert scored != translator.translate(lines, return_scores=True, alpha=1.0, beam_size=3)
+    stored = scored(translator.translations(lines))
+    assert stored == scored(translator.translations(lines, alpha=2.5, beam_size=3))
+    assert stored != scored(translator.translations(lines, alpha=1.0, beam_size=3))
 
 
 def test_validation_logs_attention_without_side_effects(tmp_path, multi30k_dir,
@@ -408,7 +409,7 @@ def test_validation_logs_attention_without_side_effects(tmp_path, multi30k_dir,
         trainer.validate_and_save()
         assert torch.equal(torch.get_rng_state(), rng) and trainer.model.training
         for layer in attention_maps.attention_layers(trainer.model):
-            assert not layer.module.need_weights
+            assert not layer.module.is_recording
 
         def fail(*args, **kwargs):
             raise RuntimeError("validation failed")

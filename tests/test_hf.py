@@ -27,6 +27,7 @@ import sacrebleu
 import sentencepiece as spm
 import torch
 from conftest import reusing_venv, train_en_de
+from safetensors.torch import load_file, save_file
 from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
@@ -44,7 +45,9 @@ from transformer.checkpoint import (
 )
 from transformer.cli import main as transformer_main
 from transformer.config import DecodingSettings
+from transformer.decoding import DecodingRequest
 from transformer.engines import load_translator
+from transformer.errors import CheckpointError
 from transformer.export import export_ctranslate2
 from transformer.hf import export_hf, import_hf, permutation, read_hf_tokenizers
 from transformer.loss import evaluate_loss
@@ -158,8 +161,8 @@ def greedy_ids(model: Transformer, tokenizers: TokenizerPair, lines: list[str]) 
     """Our greedy search, every output at most MAX_NEW tokens (EOS not included)."""
     eos = tokenizers.src.specials.eos
     sources = [ids + [eos] for ids in tokenizers.src.encode_batch(lines)]
-    settings = DecodingSettings(beam_size=1, max_len_a=0, max_len_b=MAX_NEW)
-    return [hyps[0].tokens for hyps in search_corpus(model, sources, settings=settings)]
+    request = DecodingRequest(beam_size=1, max_len_a=0, max_len_b=MAX_NEW)
+    return [hyps[0].tokens for hyps in search_corpus(model, sources, request)]
 
 
 def generate_ids(model, tokenizer, lines: list[str], **options) -> list[list[int]]:
@@ -300,6 +303,8 @@ class Payload:
     ("vocab.json", "vocab.json"),
     ("model.safetensors", "pytorch_model.bin"),
     ("pickle", "weights only"),
+    ("extra tensor", "has 1 tensor(s) our model has no place for "
+                     "(model.encoder.layers.2.fc1.weight)"),
 ])
 def test_import_errors_are_one_line_naming_the_key_or_file(random_marian, tmp_path, capsys,
                                                           change, needle):
@@ -310,6 +315,10 @@ def test_import_errors_are_one_line_naming_the_key_or_file(random_marian, tmp_pa
         if change == "pickle":
             (directory / "model.safetensors").unlink()
             torch.save({"weights": Payload()}, directory / "pytorch_model.bin")
+        elif change == "extra tensor":  # a third layer config.json does not describe
+            state = load_file(directory / "model.safetensors")
+            state["model.encoder.layers.2.fc1.weight"] = torch.zeros(64, 32)
+            save_file(state, directory / "model.safetensors")
         else:
             (directory / change).unlink()
     code = transformer_main(["import-hf", str(directory), "--output", str(tmp_path / "run")])
@@ -318,6 +327,25 @@ def test_import_errors_are_one_line_naming_the_key_or_file(random_marian, tmp_pa
     error = captured.err.strip()
     assert error.startswith("error: ") and "\n" not in error and needle in error
     assert not (tmp_path / "run").exists()
+
+
+def test_import_reads_every_tensor_of_a_full_state_dict(random_marian, tmp_path):
+    """A state dict with every tensor MarianMTModel holds (the embedding table's copies and
+    the position tables, which save_pretrained may drop) imports as its safetensors do; a
+    copy that differs from the table is refused."""
+    directory = _broken_copy(random_marian, tmp_path)
+    (directory / "model.safetensors").unlink()
+    state = MarianMTModel.from_pretrained(random_marian).state_dict()
+    assert {"lm_head.weight", "model.encoder.embed_tokens.weight",
+            "model.decoder.embed_positions.weight"} <= state.keys()
+    torch.save(state, directory / "pytorch_model.bin")
+    full, saved = import_hf(directory)["model"], import_hf(random_marian)["model"]
+    assert full.keys() == saved.keys()
+    assert all(torch.equal(full[k], saved[k]) for k in full)
+    state["lm_head.weight"] = state["lm_head.weight"] + 1.0
+    torch.save(state, directory / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="lm_head.weight differs from model.shared.weight"):
+        import_hf(directory)
 
 
 # ---- export -------------------------------------------------------------------------------
@@ -373,6 +401,7 @@ print(json.dumps([r["translation_text"] for r in translate(json.loads(sys.argv[2
 """
 
 
+@pytest.mark.registry  # opt-in: python -m pytest -m registry
 def test_exported_model_translates_in_the_translation_pipeline_of_transformers_4(
         exported, en_de_checkpoint, text, tmp_path):
     """transformers 5 dropped `pipeline("translation")`; most users still have 4.x, so

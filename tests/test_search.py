@@ -4,16 +4,16 @@ sampling (frequencies, top-k, top-p, temperature, seeds) and target prefixes."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
 from reference_search import reference_beam_search
 
-from transformer.config import DecodingSettings
+from transformer.decoding import DecodingRequest, Sampling
 from transformer.model import ModelConfig, Transformer
 from transformer.search import (
     DEFAULT_ALPHA,
-    Sampling,
     beam_search,
     length_penalty,
     max_output_lengths,
@@ -54,7 +54,8 @@ def tokens(hyps):
 
 def greedy_search(model, src, lens, **options) -> list[list[int]]:
     """Greedy search's outputs (`sample_search`'s default: the most likely token)."""
-    return [h.tokens for h in sample_search(model, src, lens, **options)]
+    request = DecodingRequest(beam_size=1, **options)
+    return [h.tokens for h in sample_search(model, src, lens, request)]
 
 
 
@@ -70,7 +71,7 @@ def test_beam_size_1_is_greedy(eos_logit, alpha):
     model = random_model(eos_logit=eos_logit)
     src, lens = random_batch()
     greedy = greedy_search(model, src, lens)
-    beam = beam_search(model, src, lens, beam_size=1, alpha=alpha)
+    beam = beam_search(model, src, lens, DecodingRequest(beam_size=1, alpha=alpha))
     assert [hyps[0].tokens for hyps in beam] == greedy
     if eos_logit:
         assert len({len(g) for g in greedy}) > 3  # mixed output lengths
@@ -79,8 +80,8 @@ def test_beam_size_1_is_greedy(eos_logit, alpha):
 def test_cached_equals_uncached(model):
     src, lens = random_batch()
     assert greedy_search(model, src, lens) == greedy_search(model, src, lens, use_cache=False)
-    cached = beam_search(model, src, lens, beam_size=5, nbest=5)
-    uncached = beam_search(model, src, lens, beam_size=5, nbest=5, use_cache=False)
+    cached = beam_search(model, src, lens, DecodingRequest(beam_size=5, nbest=5))
+    uncached = beam_search(model, src, lens, DecodingRequest(beam_size=5, nbest=5, use_cache=False))
     assert tokens(cached) == tokens(uncached)
     for a, b in zip(itertools.chain(*cached), itertools.chain(*uncached), strict=True):
         assert a.score == pytest.approx(b.score, rel=1e-5, abs=1e-5)
@@ -89,9 +90,10 @@ def test_cached_equals_uncached(model):
 
 def test_batched_equals_one_at_a_time(model):
     src, lens = random_batch()
-    batched = beam_search(model, src, lens, beam_size=4, nbest=2)
+    batched = beam_search(model, src, lens, DecodingRequest(beam_size=4, nbest=2))
     for i in range(src.shape[0]):
-        single = beam_search(model, src[i:i + 1, :lens[i]], lens[i:i + 1], beam_size=4, nbest=2)
+        single = beam_search(model, src[i:i + 1, :lens[i]], lens[i:i + 1],
+                             DecodingRequest(beam_size=4, nbest=2))
         assert tokens(single) == tokens(batched[i:i + 1])
         assert single[0][0].score == pytest.approx(batched[i][0].score, rel=1e-5, abs=1e-5)
 
@@ -99,7 +101,7 @@ def test_batched_equals_one_at_a_time(model):
 def test_nbest_lists(model):
     src, lens = random_batch()
     alpha = 0.8
-    hyps = beam_search(model, src, lens, beam_size=5, nbest=3, alpha=alpha)
+    hyps = beam_search(model, src, lens, DecodingRequest(beam_size=5, nbest=3, alpha=alpha))
     assert [len(h) for h in hyps] == [3] * src.shape[0]
     max_lens = max_output_lengths(lens, 1.5, 10, model.config.max_positions)
     for sentence, limit in zip(hyps, max_lens.tolist(), strict=True):
@@ -111,7 +113,7 @@ def test_nbest_lists(model):
             assert len(h.tokens) <= limit
             assert not {PAD_ID, BOS_ID, EOS_ID} & set(h.tokens)
     # The best hypothesis does not depend on how many are asked for.
-    best = beam_search(model, src, lens, beam_size=5, nbest=1, alpha=alpha)
+    best = beam_search(model, src, lens, DecodingRequest(beam_size=5, nbest=1, alpha=alpha))
     assert [h[0] for h in best] == [h[0] for h in hyps]
 
 
@@ -120,7 +122,8 @@ def test_length_limit_forces_eos():
     src, lens = random_batch()
     limits = max_output_lengths(lens, 0.5, 2, model.config.max_positions).tolist()
     greedy = greedy_search(model, src, lens, max_len_a=0.5, max_len_b=2)
-    beam = beam_search(model, src, lens, beam_size=3, nbest=3, max_len_a=0.5, max_len_b=2)
+    beam = beam_search(model, src, lens, DecodingRequest(beam_size=3, nbest=3, max_len_a=0.5,
+                                                         max_len_b=2))
     assert [len(g) for g in greedy] == limits
     assert [[len(h.tokens) for h in s] for s in beam] == [[n] * 3 for n in limits]
     # The length limit also respects the model's positions (BOS + output <= max_positions).
@@ -135,7 +138,8 @@ def test_pad_and_bos_never_generated():
         model.decoder.blks[-1].addnorm3.ln.bias.copy_(bias)
     src, lens = random_batch()
     for ids in greedy_search(model, src, lens) + [
-            h.tokens for s in beam_search(model, src, lens, beam_size=3, nbest=3) for h in s]:
+            h.tokens for s in beam_search(model, src, lens, DecodingRequest(beam_size=3,
+                                                                            nbest=3)) for h in s]:
         assert BOS_ID not in ids and PAD_ID not in ids
 
 
@@ -157,14 +161,14 @@ def test_exact_search_with_a_beam_as_wide_as_all_outputs():
             log_probs = torch.log_softmax(logits, -1)
             log_prob = log_probs[torch.arange(len(out) + 1), out + [EOS_ID]].sum().item()
             expected[tuple(out)] = log_prob / length_penalty(len(out) + 1, alpha)
-    hyps = beam_search(model, src, lens, beam_size=40, nbest=40, alpha=alpha,
-                       max_len_a=0.0, max_len_b=3)[0]
+    hyps = beam_search(model, src, lens, DecodingRequest(beam_size=40, nbest=40, alpha=alpha,
+                                                         max_len_a=0.0, max_len_b=3))[0]
     assert sorted(tuple(h.tokens) for h in hyps) == sorted(expected)
     for h in hyps:
         assert h.score == pytest.approx(expected[tuple(h.tokens)], abs=1e-5)
     assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
-    best = beam_search(model, src, lens, beam_size=40, nbest=1, alpha=alpha,
-                       max_len_a=0.0, max_len_b=3)[0]
+    best = beam_search(model, src, lens, DecodingRequest(beam_size=40, nbest=1, alpha=alpha,
+                                                         max_len_a=0.0, max_len_b=3))[0]
     assert best[0].tokens == list(max(expected, key=expected.get))
 
 
@@ -172,17 +176,9 @@ def test_search_restores_training_mode(model):
     src, lens = random_batch(batch=2)
     model.train()
     greedy_search(model, src, lens)
-    beam_search(model, src, lens, beam_size=2)
+    beam_search(model, src, lens, DecodingRequest(beam_size=2))
     assert model.training
     model.eval()
-
-
-def test_bad_arguments(model):
-    src, lens = random_batch(batch=2)
-    with pytest.raises(ValueError, match="nbest"):
-        beam_search(model, src, lens, beam_size=2, nbest=3)
-    with pytest.raises(ValueError, match="alpha"):
-        beam_search(model, src, lens, alpha=-1.0)
 
 
 def test_special_ids_come_from_the_model_config():
@@ -200,7 +196,8 @@ def test_special_ids_come_from_the_model_config():
     src, lens = random_batch()
     src = src.masked_fill(src == PAD_ID, vocab - 1)  # padded with this model's pad
     greedy = greedy_search(model, src, lens)
-    assert [hyps[0].tokens for hyps in beam_search(model, src, lens, beam_size=1)] == greedy
+    assert [hyps[0].tokens for hyps in beam_search(model, src, lens,
+                                                   DecodingRequest(beam_size=1))] == greedy
     assert len({len(g) for g in greedy}) > 3 and all(vocab - 1 not in g for g in greedy)
     assert all(0 not in g for g in greedy)  # EOS ends an output, it is not part of it
     start = torch.full((len(src), 1), vocab - 1)
@@ -236,7 +233,8 @@ def first_token_frequencies(sampling: Sampling) -> torch.Tensor:
     """Frequencies of the first output token over DRAWS sentences (EOS forced after it)."""
     model = fixed_distribution_model(FIRST.clamp(min=1e-30).log())
     src, lens = torch.full((DRAWS, 2), 5), torch.full((DRAWS,), 2)
-    hyps = sample_search(model, src, lens, sampling=sampling, max_len_a=0.0, max_len_b=1,
+    request = DecodingRequest(beam_size=1, sampling=sampling, max_len_a=0.0, max_len_b=1)
+    hyps = sample_search(model, src, lens, request,
                          generator=torch.Generator().manual_seed(sampling.seed))
     first = torch.tensor([h.tokens[0] if h.tokens else EOS_ID for h in hyps])
     return torch.bincount(first, minlength=len(FIRST)).double() / DRAWS
@@ -281,41 +279,38 @@ def test_temperature_sharpens_or_flattens_the_distribution():
 
 def test_topk_1_is_greedy_and_a_seed_repeats_its_draws(model):
     sources = [list(range(4, 4 + n)) + [EOS_ID] for n in (3, 5, 2, 6, 4, 1, 7)]
-    greedy = search_corpus(model, sources, settings=DecodingSettings(beam_size=1))
-    assert search_corpus(model, sources, sampling=Sampling(topk=1)) == greedy
-    first = search_corpus(model, sources, sampling=Sampling(seed=7))
-    assert search_corpus(model, sources, sampling=Sampling(seed=7)) == first
-    assert search_corpus(model, sources, sampling=Sampling(seed=8)) != first
+    greedy = search_corpus(model, sources, DecodingRequest(beam_size=1))
+    assert search_corpus(model, sources, DecodingRequest(beam_size=1,
+                                                         sampling=Sampling(topk=1))) == greedy
+    first = search_corpus(model, sources, DecodingRequest(beam_size=1, sampling=Sampling(seed=7)))
+    assert search_corpus(model, sources, DecodingRequest(beam_size=1,
+                                                         sampling=Sampling(seed=7))) == first
+    assert search_corpus(model, sources, DecodingRequest(beam_size=1,
+                                                         sampling=Sampling(seed=8))) != first
     for hyps in first:  # a sample's log-prob is the model's, as a forced decoding gives it
         assert hyps[0].score == pytest.approx(
             hyps[0].log_prob / length_penalty(len(hyps[0].tokens) + 1, DEFAULT_ALPHA))
-
-
-def test_sampling_options_are_checked():
-    for bad, name in ((dict(temperature=0.0), "temperature"), (dict(topk=-1), "sampling_topk"),
-                      (dict(topp=0.0), "sampling_topp"), (dict(topp=1.5), "sampling_topp")):
-        with pytest.raises(ValueError, match=name):
-            Sampling(**bad)
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_outputs_begin_with_the_prefix(model, beam_size):
     sources = [list(range(4, 4 + n)) + [EOS_ID] for n in (3, 5, 2, 6)]
     prefixes = [[7, 8], [], [9], list(range(10, 32))]  # the last: 22 tokens
-    settings = DecodingSettings(beam_size=beam_size)
-    hyps = search_corpus(model, sources, settings=settings, prefixes=prefixes, nbest=beam_size)
+    settings = DecodingRequest(beam_size=beam_size)
+    hyps = search_corpus(model, sources, replace(settings, nbest=beam_size), prefixes=prefixes)
     for sentence, prefix in zip(hyps, prefixes, strict=True):
         for h in sentence:
             assert h.tokens[:len(prefix)] == prefix
     # the last prefix is longer than the length limit (1.5 * 7 + 10): the limit makes room
     assert max_output_lengths(torch.tensor([7]), 1.5, 10, 64).item() < len(prefixes[-1])
     # an empty prefix is no prefix
-    plain = search_corpus(model, sources, settings=settings, nbest=beam_size)
+    plain = search_corpus(model, sources, replace(settings, nbest=beam_size))
     assert hyps[1] == plain[1]
-    assert search_corpus(model, sources, settings=settings, nbest=beam_size,
+    assert search_corpus(model, sources, replace(settings, nbest=beam_size),
                          prefixes=[[]] * len(sources)) == plain
     # sampling honours prefixes too
-    sampled = search_corpus(model, sources, sampling=Sampling(seed=1), prefixes=prefixes)
+    sampled = search_corpus(model, sources, DecodingRequest(beam_size=1, sampling=Sampling(seed=1)),
+                            prefixes=prefixes)
     for sentence, prefix in zip(sampled, prefixes, strict=True):
         assert sentence[0].tokens[:len(prefix)] == prefix
 
@@ -323,7 +318,7 @@ def test_outputs_begin_with_the_prefix(model, beam_size):
 def test_prefix_scores_are_the_forced_tokens_log_probs(model):
     """The best continuation of a forced prefix scores as the model scores prefix + rest."""
     src, lens = torch.tensor([[5, 6, 7, EOS_ID]]), torch.tensor([4])
-    hyp = beam_search(model, src, lens, beam_size=3, prefix=pad_prefixes([[9, 8]],
+    hyp = beam_search(model, src, lens, DecodingRequest(beam_size=3), prefix=pad_prefixes([[9, 8]],
                                                                          src.device))[0][0]
     with torch.no_grad():
         out = hyp.tokens + [EOS_ID]
@@ -344,9 +339,9 @@ def test_fast_search_equals_the_plain_reference(en_de_checkpoint, multi30k_lines
     translator = Translator.load(en_de_checkpoint, device="cpu")
     model = translator.model
     sources = translator._encode(multi30k_lines("test_2016_flickr.en.gz")[:20], 0)
-    settings = DecodingSettings(beam_size=beam_size, alpha=alpha)
+    settings = DecodingRequest(beam_size=beam_size, alpha=alpha)
     torch.set_num_threads(2)  # two batches at a time
-    fast = search_corpus(model, sources, settings=settings, nbest=nbest, max_tokens=200)
+    fast = search_corpus(model, sources, replace(settings, nbest=nbest), max_tokens=200)
     limits = max_output_lengths(torch.tensor([len(s) for s in sources]), 1.5, 10,
                                 model.config.max_positions).tolist()
     for src, hyps, limit in zip(sources, fast, limits, strict=True):

@@ -15,12 +15,13 @@ import pytest
 import torch
 from conftest import PRUNED_HEADS  # tests/conftest.py
 from fastapi.testclient import TestClient
+from outputs import scored
 
-from transformer.alignment import AlignmentOptions, format_alignment
+from transformer.alignment import format_alignment
 from transformer.attention_maps import attention_maps
 from transformer.cli import serve as serve_command
+from transformer.decoding import AlignmentOptions, DecodingRequest, Sampling
 from transformer.model import ModelConfig
-from transformer.search import Sampling
 from transformer.serve import (
     MAX_BEAM,
     MAX_BODY_BYTES,
@@ -28,7 +29,6 @@ from transformer.serve import (
     MAX_SENTENCES,
     Batcher,
     BatchLimits,
-    DecodeOptions,
     create_app,
 )
 from transformer.translator import BaseTranslator, Translator
@@ -54,14 +54,14 @@ class OtherEngine(BaseTranslator):
     def model_config(self) -> ModelConfig:
         return self.inner.model_config
 
-    def translations(self, lines, **options):
+    def translations(self, lines, request=None, **options):
         self.calls.append(list(lines))
         if "boom" in lines:
             raise RuntimeError("the engine failed")
-        return super().translations(lines, **options)
+        return super().translations(lines, request, **options)
 
-    def _search(self, sources, settings, **options):
-        return self.inner._search(sources, settings, **options)
+    def _search(self, sources, request, **options):
+        return self.inner._search(sources, request, **options)
 
     def _score(self, sources, targets, **options):
         return self.inner._score(sources, targets, **options)
@@ -112,7 +112,7 @@ def test_nbest_lists_of_text_and_score(client, translator):
     for hyps in got:
         assert [h["score"] for h in hyps] == sorted((h["score"] for h in hyps), reverse=True)
     assert_same_nbest([[(h["text"], h["score"]) for h in hyps] for hyps in got],
-                      translator.translate(LINES, beam_size=3, nbest=3))
+                      scored(translator.translations(LINES, beam_size=3, nbest=3)))
 
 
 def test_sampling_prefixes_and_alignments(client, translator):
@@ -155,7 +155,8 @@ def test_batcher_puts_waiting_requests_into_one_call_in_order(translator):
             batcher = Batcher(engine, executor, limits)
             batcher.start()
             answers = await asyncio.gather(*(batcher.translate(lines, None,
-                                                               DecodeOptions(beam), tokens)
+                                                               DecodingRequest(beam_size=beam),
+                                                               tokens)
                                              for lines, beam in requests))
             await batcher.stop()
         assert batcher.stats.batches == len(engine.calls)
@@ -166,7 +167,7 @@ def test_batcher_puts_waiting_requests_into_one_call_in_order(translator):
                             ["A boy."]]
     for (lines, beam), answer in zip(requests, answers, strict=True):
         assert_same_nbest([[(t.text, t.score) for t in hyps] for hyps in answer],
-                          translator.translate(lines, beam_size=beam, return_scores=True))
+                          scored(translator.translations(lines, beam_size=beam)))
 
     engine.calls.clear()
     asyncio.run(run(BatchLimits(max_wait_s=0.05, max_tokens=10), tokens=6))
@@ -273,6 +274,13 @@ BAD_TRANSLATE = [  # (body, status, field)
     ({"text": ["ok", "ok"], "prefix": ["Ein"]}, 422, "prefix"),
     ({"text": ["ok"], "prefix": "Ein"}, 422, "prefix"),
     ({"text": ["ok"], "alignment": "yes"}, 422, "alignment"),
+    ({"text": ["ok"], "alpha": -1.0}, 422, "alpha"),
+    ({"text": ["ok"], "max_len_b": 0}, 422, "max_len_b"),
+    ({"text": ["ok"], "max_len_a": "1"}, 422, "max_len_a"),
+    ({"text": ["ok"], "alignment_layer": 0}, 422, "alignment_layer"),
+    ({"text": ["ok"], "alignment": True, "alignment_layer": 99}, 422, "alignment_layer"),
+    ({"text": ["ok"], "alignment": True, "alignment_head": 99}, 422, "alignment_head"),
+    ({"text": ["ok"], "sampling_topk": 2, "seed": -1}, 422, "seed"),
 ]
 BAD_BYTES = [  # raw bodies: (bytes, status, field)
     (b'{"text": ["ok"', 400, "body"),

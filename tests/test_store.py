@@ -21,10 +21,10 @@ from transformer.batching import train_batches
 from transformer.config import DataConfig
 from transformer.data import SplitFiles, load_data, store_path
 from transformer.errors import DataError
+from transformer.run_tokenizers import sample_pairs
 from transformer.store import ParallelCorpus, StoreWriter, id_dtype
 from transformer.text import iter_parallel, read_parallel
 from transformer.tokenizer import Tokenizer, TokenizerPair
-from transformer.vocabulary import sample_pairs
 
 REPO = Path(__file__).resolve().parents[1]
 

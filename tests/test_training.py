@@ -17,22 +17,17 @@ import pytest
 import torch
 
 from transformer import checkpoint as ckpt
-from transformer import training
+from transformer import cli
 from transformer.cli import plot_curves as plot_curves_command
 from transformer.config import compose_config
-from transformer.errors import TrainingError
+from transformer.errors import ConfigError, TrainingError
 from transformer.loss import LabelSmoothedLoss
 from transformer.model import ModelConfig, Transformer
+from transformer.optimizer import build_optimizer, decayed_parameters, lr_lambda
 from transformer.plots import validation_curve
+from transformer.runtime import DistEnv, cpu_has_native_bf16, resolve_precision
 from transformer.tokenizer import PAD_ID, Tokenizer
-from transformer.training import (
-    DistEnv,
-    Trainer,
-    build_optimizer,
-    decayed_parameters,
-    lr_lambda,
-    train,
-)
+from transformer.training import Trainer, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -41,10 +36,6 @@ TRAIN_SCRIPT = str(REPO / "scripts/train.py")
 # One thread per process: these models are too small to gain from two, and on a shared
 # machine OpenMP's spin-waiting threads made runs up to 6x slower when a core was busy.
 ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-
-
 
 
 @pytest.fixture(scope="module")
@@ -171,15 +162,33 @@ def test_precision_auto_takes_bf16_on_a_cpu_only_where_it_computes_bf16(tmp_path
     float32 and says why; with one of them on it trains under bf16 autocast."""
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    assert not training.cpu_has_native_bf16()
+    assert not cpu_has_native_bf16()
     cpu = torch.device("cpu")
-    assert training.resolve_precision("auto", cpu).dtype is None
+    assert resolve_precision("auto", cpu).dtype is None
     train(compose_config(small + ["trainer.precision=auto", "trainer.max_updates=1"]), tmp_path)
     assert "device cpu, float32 (auto: no native bf16 on cpu)" in \
         (tmp_path / "train.log").read_text()
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
-    assert training.resolve_precision("auto", cpu).dtype == torch.bfloat16
-    assert training.resolve_precision("fp32", cpu).dtype is None  # an explicit choice wins
+    assert resolve_precision("auto", cpu).dtype == torch.bfloat16
+    assert resolve_precision("fp32", cpu).dtype is None  # an explicit choice wins
+
+
+def test_train_on_a_device_the_machine_lacks_is_a_one_line_error(tmp_path, monkeypatch,
+                                                                 capsys):
+    """`transformer train trainer.device=cuda` without a GPU: one line naming the key, exit
+    status 1, before any data is read or anything written in the run directory."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["transformer"])  # the command rewrites it
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "trainer.device=cuda", "data.root=/nonexistent",
+                  f"hydra.run.dir={run_dir}"])
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err == \
+        "error: trainer.device=cuda but this machine has no CUDA device\n"
+    assert not (run_dir / "train.log").exists() and not (run_dir / "checkpoints").exists()
+    with pytest.raises(ConfigError, match=r"^trainer.device=cuda:1 but this machine has no"):
+        train(compose_config(["trainer.device=cuda:1"]), tmp_path / "api")
 
 
 def test_resume_requires_a_checkpoint_and_the_same_model(tmp_path, small):
@@ -488,47 +497,6 @@ def test_training_loss_equals_cross_entropy_over_the_real_target_tokens():
     given.backward()
     assert torch.equal(given, ours)
     assert all(torch.equal(grads[name], p.grad) for name, p in model.named_parameters())
-
-
-def test_prefetched_keeps_the_order_and_stops_early():
-    """The background thread yields make(item) in item order, the same as depth 0 does,
-    raises what `make` raised, and a loop that leaves early stops the thread."""
-    made = []
-
-    def make(i: int) -> int:
-        made.append(i)
-        if i == 7:
-            raise ValueError("bad item 7")
-        return i * i
-
-    items = list(range(7))
-    assert list(training.prefetched(make, items, 0)) == [i * i for i in items]
-    assert list(training.prefetched(make, items, 2)) == [i * i for i in items]
-    with pytest.raises(ValueError, match="bad item 7"):
-        list(training.prefetched(make, range(10), 3))
-    made.clear()
-    for value in training.prefetched(make, range(100), 2):
-        if value == 4:
-            break
-    assert len(made) <= 6  # items 0..2 yielded, at most depth + 1 more made
-
-
-def test_configure_cuda_sets_tf32_and_cudnn_attention():
-    """The two CUDA switches, set and read back (a CPU build keeps the flags too)."""
-    matmul = torch.backends.cuda.matmul
-    precision = "fp32_precision" if hasattr(matmul, "fp32_precision") else "allow_tf32"
-    before = (getattr(matmul, precision), torch.backends.cuda.cudnn_sdp_enabled())
-    try:
-        line = training.configure_cuda(tf32=False, cudnn_attention=False)
-        assert getattr(matmul, precision) in ("ieee", False)
-        assert not torch.backends.cuda.cudnn_sdp_enabled()
-        assert line == "float32 matrix products IEEE float32, cuDNN attention off"
-        training.configure_cuda(tf32=True, cudnn_attention=True)
-        assert getattr(matmul, precision) in ("tf32", True)
-        assert torch.backends.cuda.cudnn_sdp_enabled()
-    finally:
-        setattr(matmul, precision, before[0])
-        torch.backends.cuda.enable_cudnn_sdp(before[1])
 
 
 def test_accumulated_batches_equal_one_big_batch(tmp_path, small):

@@ -18,13 +18,16 @@ from pathlib import Path
 import pytest
 import sacrebleu
 import torch
+from outputs import scored
 from torch import nn
 
-from transformer.alignment import AlignmentOptions, format_alignment, word_alignment
+from transformer.alignment import format_alignment, word_alignment
 from transformer.checkpoint import inference_checkpoint, save_checkpoint, stored_decoding
 from transformer.cli import translate as translate_command
 from transformer.cli import tune_decoding as tune_decoding_command
+from transformer.cli.reports import bleu_report, paper_protocol, translate_lines
 from transformer.config import DecodingSettings
+from transformer.decoding import AlignmentOptions, DecodingRequest
 from transformer.errors import CheckpointError
 from transformer.evaluation import best_trial, checkpoints_within, tune_decoding
 from transformer.loss import teacher_forced_loss
@@ -32,7 +35,7 @@ from transformer.model import ModelConfig, Transformer
 from transformer.search import beam_search, length_penalty, sample_search
 from transformer.store import ParallelCorpus
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerPair
-from transformer.translator import Translator, bleu_report, paper_protocol, translate_lines
+from transformer.translator import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -143,25 +146,26 @@ def test_copy_model_beam_1_is_greedy(copy_translator, copy_inputs):
     src = torch.tensor([p + [PAD_ID] * (longest - len(p)) for p in pieces])
     lens = torch.tensor([len(p) for p in pieces])
     greedy = [h.tokens for h in sample_search(copy_translator.model, src, lens)]
-    assert [h[0].tokens for h in beam_search(copy_translator.model, src, lens,
-                                             beam_size=1)] == greedy
+    beam = beam_search(copy_translator.model, src, lens, DecodingRequest(beam_size=1))
+    assert [h[0].tokens for h in beam] == greedy
     assert greedy == [p[:-1] for p in pieces]
 
 
-def test_translate_returns_strings_scores_and_nbest(random_runs):
+def test_translate_returns_strings_and_translations_scores_and_nbest(random_runs):
     translator = Translator.load(random_runs[0], device="cpu")
     lines = ["A man rides a bike.", "", "Zwei Hunde spielen im Schnee.", "   "]
     out = translator.translate(lines, beam_size=3, max_len_b=3)
     assert len(out) == 4 and all(isinstance(s, str) for s in out)
     assert out[1] == "" and out[3] == ""
-    scored = translator.translate(lines, beam_size=3, max_len_b=3, return_scores=True)
-    assert [s[0][0] for s in scored] == out and all(len(s) == 1 for s in scored)
-    nbest = translator.translate(lines, beam_size=3, nbest=3, max_len_b=3, max_tokens=8)
+    best = scored(translator.translations(lines, beam_size=3, max_len_b=3))
+    assert [s[0][0] for s in best] == out and all(len(s) == 1 for s in best)
+    nbest = scored(translator.translations(lines, beam_size=3, nbest=3, max_len_b=3,
+                                           max_tokens=8))
     assert [len(s) for s in nbest] == [3, 3, 3, 3]
     for s in nbest:
         assert [score for _, score in s] == sorted((score for _, score in s), reverse=True)
     # the 1-best does not depend on nbest (nor on batching)
-    for s, t in zip(nbest, scored, strict=True):
+    for s, t in zip(nbest, best, strict=True):
         assert s[0][0] == t[0][0] and s[0][1] == pytest.approx(t[0][1], abs=1e-4)
     assert nbest[1] == [("", 0.0)] * 3
 
@@ -176,12 +180,11 @@ def test_checkpoint_decoding_settings_are_the_defaults(random_runs, tmp_path, ca
     translator = Translator.load(chosen, device="cpu")
     assert translator.decoding == DecodingSettings(beam_size=3, alpha=2.5)
     lines = ["A man rides a bike.", "Zwei Hunde spielen im Schnee.", "A red car."]
-    stored = translator.translate(lines, return_scores=True, max_len_b=5)
+    stored = scored(translator.translations(lines, max_len_b=5))
     plain = Translator.load(random_runs[0], device="cpu")
     assert plain.decoding == DecodingSettings()
-    assert stored == plain.translate(lines, beam_size=3, alpha=2.5, return_scores=True,
-                                     max_len_b=5)
-    default_scores = [s[0][1] for s in plain.translate(lines, return_scores=True, max_len_b=5)]
+    assert stored == scored(plain.translations(lines, beam_size=3, alpha=2.5, max_len_b=5))
+    default_scores = [s[0][1] for s in scored(plain.translations(lines, max_len_b=5))]
     assert default_scores != [s[0][1] for s in stored]  # alpha 1 vs 2.5: other scores
 
     src = write_lines(tmp_path / "in.txt", lines)
@@ -270,8 +273,9 @@ def test_paper_protocol_bleu_matches_the_sacrebleu_cli_tokenize_none(tmp_path):
 def test_translate_lines_in_chunks_keeps_order(copy_translator, copy_inputs):
     lines = copy_inputs[:11]
     out = io.StringIO()
-    kept = translate_lines(copy_translator, iter(lines), out, chunk_lines=4, keep=True,
-                           beam_size=2, max_tokens=10)
+    kept = translate_lines(copy_translator, iter(lines), out,
+                           copy_translator.request(beam_size=2), chunk_lines=4, keep=True,
+                           max_tokens=10)
     assert out.getvalue().splitlines() == lines == kept
 
 
@@ -473,26 +477,40 @@ def test_script_score(copy_checkpoint, copy_inputs, tmp_path):
     assert rows[2][0] > max(rows[0][0], rows[1][0])  # line 3 is scored against itself
 
 
-@pytest.mark.parametrize("options, named", [
-    (["--sampling-topk", "5", "--temperature", "0"], "--temperature"),
-    (["--sampling-topk", "5", "--beam-size", "4"], "--sampling-topk"),
-    (["--sampling-topp", "1.5"], "--sampling-topp"),
-    (["--temperature", "2", "--nbest", "2"], "--temperature"),
-    (["--seed", "3"], "--seed"),
-    (["--alignment-head", "1"], "--alignment"),
-    (["--score"], "--score"),
-    (["--score", "--reference", "REF", "--alignment"], "--alignment"),
+@pytest.mark.parametrize("options, named, status", [
+    (["--sampling-topk", "5", "--temperature", "0"], "--temperature must be > 0", 1),
+    (["--sampling-topk", "5", "--beam-size", "4"], "it excludes --beam-size 4", 1),
+    (["--sampling-topp", "1.5"], "--sampling-topp must be in (0, 1]", 1),
+    (["--temperature", "2", "--nbest", "2"], "it excludes --nbest 2", 1),
+    (["--seed", "3"], "--seed seeds sampling", 1),
+    (["--alignment-head", "1"], "--alignment-layer and --alignment-head need --alignment", 1),
+    (["--nbest", "9"], "--nbest 9 must be at most the beam size 5", 1),
+    (["--alpha", "-1"], "--alpha must be >= 0", 1),
+    (["--threads", "0"], "--threads must be >= 1, got 0", 1),
+    (["--chunk-lines", "0"], "--chunk-lines must be >= 1, got 0", 1),
+    (["--score"], "--score", 2),
+    (["--score", "--reference", "REF", "--alignment"], "--alignment", 2),
 ])
 def test_script_bad_mode_options_name_the_option(copy_checkpoint, copy_inputs, tmp_path, capsys,
-                                                 options, named):
+                                                 options, named, status):
+    """Decoding options are checked together, as one request, once the model is loaded (exit
+    1, one line naming the option, nothing written); argparse's own checks exit 2."""
     src = write_lines(tmp_path / "in.txt", copy_inputs[:3])
+    out = tmp_path / "out.txt"
     options = [str(src) if o == "REF" else o for o in options]
-    with pytest.raises(SystemExit) as exit_info:
-        translate_command.main(["--checkpoint", str(copy_checkpoint), "--input", str(src)]
-                               + options)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
+    argv = ["--checkpoint", str(copy_checkpoint), "--input", str(src), "--output", str(out),
+            *options]
+    if status == 2:
+        with pytest.raises(SystemExit) as exit_info:
+            translate_command.main(argv)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+    else:
+        assert translate_command.main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1, err
     assert named in err
+    assert not out.exists()
 
 
 def test_script_prefix_line_count_and_alignment_layer_errors(copy_checkpoint, copy_inputs,

@@ -13,13 +13,14 @@ import torch
 import torch.distributed as dist
 
 from transformer.config import compose_config
-from transformer.training import Trainer, init_distributed
+from transformer.runtime import init_distributed, resolve_device
+from transformer.training import Trainer
 
 
 def main() -> None:
     run_dir, out_dir, *overrides = sys.argv[1:]
     cfg = compose_config(overrides)
-    env = init_distributed(use_cuda=False)
+    env = init_distributed(resolve_device(cfg.trainer.device, "trainer.device"))
     trainer = Trainer(cfg, Path(run_dir), env)
     result = trainer.fit()
     torch.save({"model": trainer.model.state_dict(), "num_updates": result.state.num_updates,

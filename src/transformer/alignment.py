@@ -14,35 +14,17 @@ begins a word. The source's EOS is never an alignment point.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from .batching import pad_rows, sorted_batches
+from .decoding import AlignmentOptions
 from .model import Transformer, eval_mode
 
-__all__ = ["AlignmentOptions", "attention_weights", "word_alignment", "format_alignment"]
+__all__ = ["attention_weights", "word_alignment", "format_alignment"]
 
 WORD_START = "\u2581"  # SentencePiece's "▁": the piece begins a whitespace word
-
-
-@dataclass(frozen=True)
-class AlignmentOptions:
-    """Which encoder-decoder attention aligns: a decoder layer (from 0; negative counts
-    from the last) and one head (its original index) or None, the average over heads."""
-
-    layer: int = -1
-    head: int | None = None
-
-    def check(self, num_layers: int, head_ids: Sequence[int]) -> None:
-        """Raise ValueError naming the option when the model has no such layer or head."""
-        if not -num_layers <= self.layer < num_layers:
-            raise ValueError(f"alignment_layer must be in [{-num_layers}, {num_layers}) for "
-                             f"this model's {num_layers} decoder layers, got {self.layer}")
-        if self.head is not None and self.head not in head_ids:
-            raise ValueError(f"alignment_head {self.head} is not a head of that layer "
-                             f"(heads {list(head_ids)})")
 
 
 @torch.no_grad()
@@ -52,28 +34,23 @@ def attention_weights(model: Transformer, sources: Sequence[Sequence[int]],
     """Teacher-forced encoder-decoder attention of each output given its source: per pair
     (output pieces, source pieces + EOS) float32 on the CPU; row j is the attention of the
     step that produced output piece j. `sources` are ids with EOS, `outputs` without EOS;
-    pairs are batched by length, at most `max_tokens` padded positions per side."""
+    pairs are batched by length, at most `max_tokens` padded positions per side. The options
+    name a layer and head of the model (`BaseTranslator.check` checks a request's)."""
     c = model.config
     module = model.decoder.blks[options.layer].attention2
-    options.check(c.num_decoder_layers, module.head_ids)
     sizes = [max(len(s), len(o) + 1) for s, o in zip(sources, outputs, strict=True)]
     weights: list[Tensor] = [torch.empty(0)] * len(sources)
-    flag, module.need_weights = module.need_weights, True
-    try:
-        with eval_mode(model):
-            for batch in sorted_batches(range(len(sizes)), sizes, max_tokens):
-                src, src_lens = pad_rows([sources[i] for i in batch], c.pad_id, model.device)
-                tgt_in, _ = pad_rows([[c.start_id, *outputs[i]] for i in batch], c.pad_id,
-                                    model.device)
-                model.decoder(tgt_in, model.encode(src, src_lens), src_lens)
-                heads = module.head_attention_weights  # (batch, heads, tgt_len, src_len)
-                picked = (heads.mean(1) if options.head is None
-                          else heads[:, module.head_ids.index(options.head)])
-                for row, i in enumerate(batch):
-                    weights[i] = picked[row, :len(outputs[i]), :len(sources[i])].float().cpu()
-    finally:
-        module.need_weights = flag
-        module.attention.attention_weights = None
+    with module.recording() as record, eval_mode(model):
+        for batch in sorted_batches(range(len(sizes)), sizes, max_tokens):
+            src, src_lens = pad_rows([sources[i] for i in batch], c.pad_id, model.device)
+            tgt_in, _ = pad_rows([[c.start_id, *outputs[i]] for i in batch], c.pad_id,
+                                model.device)
+            model.decoder(tgt_in, model.encode(src, src_lens), src_lens)
+            heads = record.weights  # (batch, heads, tgt_len, src_len)
+            picked = (heads.mean(1) if options.head is None
+                      else heads[:, module.head_ids.index(options.head)])
+            for row, i in enumerate(batch):
+                weights[i] = picked[row, :len(outputs[i]), :len(sources[i])].float().cpu()
     return weights
 
 

@@ -12,9 +12,16 @@ keyword-only arguments of `MultiHeadAttention.forward`:
 * `need_weights=True` to keep the attention weights (explicit path, as in the book);
 * `cache=KVCache(...)` for incremental decoding.
 
-For looking inside the heads (`transformer.heads`): the `head_mask` attribute scales each
-head's output before W_o (0 silences a head; a gate that requires grad gives the loss's
-gradient per head, as in Michel et al., 2019), and `prune_heads` removes heads for good.
+For looking inside the heads, two context managers of `MultiHeadAttention` change what its
+forward passes do while they are open, and restore the layer on exit (exceptions included):
+
+* `with mha.recording() as record:` keeps each pass's weights per head in `record.weights`,
+  (batch, num_heads, queries, keys) (`transformer.attention_maps`, `transformer.alignment`);
+* `with mha.masking_heads(mask):` scales each head's output before W_o by `mask` (0
+  silences a head; a gate that requires grad gives the loss's gradient per head, as in
+  Michel et al., 2019; `transformer.heads`).
+
+`prune_heads` removes heads for good.
 
 Without weights requested, attention runs through PyTorch's fused
 `scaled_dot_product_attention` (SDPA) with the same masking semantics, except on CPU with
@@ -30,8 +37,10 @@ of 0) yields an all-zero weight row and a zero output, never NaN.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +56,7 @@ __all__ = [
     "key_padding_mask",
     "DotProductAttention",
     "KVCache",
+    "AttentionRecord",
     "MultiHeadAttention",
 ]
 
@@ -285,6 +295,15 @@ def _prefix(buffer: Tensor, shape: tuple[int, ...]) -> Tensor:
 CPU_FUSED_MIN_KEYS = 48
 
 
+@dataclass(eq=False)  # compared by identity: the open records are told apart
+class AttentionRecord:
+    """What `MultiHeadAttention.recording` keeps: the attention weights of the layer's
+    latest forward pass, per head, (batch, num_heads, queries, keys), as the softmax gave
+    them (before dropout); None until a pass has run."""
+
+    weights: Tensor | None = None
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention, the book's PyTorch API plus masks, a fast path and a cache."""
 
@@ -307,16 +326,54 @@ class MultiHeadAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = num_hiddens // num_heads  # fixed: pruning removes whole heads
         self.pruned_heads: set[int] = set()  # original indices of the heads pruned away
-        # None, or (num_heads,) or (batch, num_heads): each head's output is multiplied by
-        # its entry before W_o. Set by `transformer.heads`; None costs nothing. A per-example
-        # mask is for teacher-forced passes (beam search reorders and drops batch rows).
-        self.head_mask: Tensor | None = None
         self.attention = DotProductAttention(dropout)
         self.W_q = Linear(query_size, num_hiddens, bias=bias)
         self.W_k = Linear(key_size, num_hiddens, bias=bias)
         self.W_v = Linear(value_size, num_hiddens, bias=bias)
         self.W_o = Linear(num_hiddens, num_hiddens, bias=bias)
-        self.need_weights = False  # default for `forward(need_weights=None)`
+        # Open `recording()` blocks, innermost last: each pass fills all of them.
+        self._records: list[AttentionRecord] = []
+        self._head_mask: Tensor | None = None  # see `masking_heads`; None costs nothing
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[AttentionRecord]:
+        """Keep the attention weights of each forward pass while the block is open:
+        `record.weights` is the latest pass's, per head (batch, num_heads, queries, keys).
+        Passes run the explicit path (as `need_weights=True`). On exit, even by an
+        exception, the layer keeps no weights and records only for the blocks still open;
+        the record keeps its last weights for the caller."""
+        record = AttentionRecord()
+        self._records.append(record)
+        try:
+            yield record
+        finally:
+            self._records.remove(record)
+            self.attention.attention_weights = None
+
+    @contextlib.contextmanager
+    def masking_heads(self, mask: Tensor | None) -> Iterator[None]:
+        """Multiply each head's output by its entry of `mask` before W_o while the block is
+        open: (num_heads,), or (batch, num_heads) for one row per example (teacher-forced
+        passes: beam search reorders and drops batch rows); None masks nothing. The
+        previous mask is restored on exit, even by an exception."""
+        if mask is not None and mask.shape[-1] != self.num_heads:
+            raise ValueError(f"a head mask needs one entry per head ({self.num_heads}), "
+                             f"got shape {tuple(mask.shape)}")
+        previous, self._head_mask = self._head_mask, mask
+        try:
+            yield
+        finally:
+            self._head_mask = previous
+
+    @property
+    def head_mask(self) -> Tensor | None:
+        """The mask of the innermost open `masking_heads` block, or None."""
+        return self._head_mask
+
+    @property
+    def is_recording(self) -> bool:
+        """Whether a `recording()` block is open."""
+        return bool(self._records)
 
     @property
     def head_attention_weights(self) -> Tensor | None:
@@ -359,8 +416,8 @@ class MultiHeadAttention(nn.Module):
     def prune_heads(self, heads: Iterable[int]) -> None:
         """Remove `heads` (original indices; already pruned ones are ignored) for good:
         their rows of W_q, W_k, W_v (and biases) and their columns of W_o go, so the layer
-        computes what it computed with those heads' `head_mask` at 0 (up to rounding), faster.
-        At least one head must remain."""
+        computes what it computed with those heads masked to 0 (`masking_heads`), up to
+        rounding, faster. At least one head must remain."""
         head_ids = self.head_ids
         total = len(head_ids) + len(self.pruned_heads)
         heads = set(heads) - self.pruned_heads
@@ -372,6 +429,9 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"cannot prune all {len(head_ids)} remaining heads of a layer")
         if not heads:
             return
+        if self._head_mask is not None:
+            raise ValueError("cannot prune heads inside masking_heads: the mask describes "
+                             "the heads before pruning")
         # Feature j of the projections belongs to head j // head_dim.
         index = (torch.tensor(keep)[:, None] * self.head_dim
                  + torch.arange(self.head_dim)).flatten().to(self.W_q.weight.device)
@@ -380,7 +440,6 @@ class MultiHeadAttention(nn.Module):
         self.W_o = _select_features(self.W_o, index, dim=1)
         self.num_heads = len(keep)
         self.pruned_heads |= heads
-        self.head_mask = None  # it described the old heads
 
     def forward(
         self,
@@ -391,7 +450,7 @@ class MultiHeadAttention(nn.Module):
         *,
         key_mask: Tensor | None = None,
         causal: bool = False,
-        need_weights: bool | None = None,
+        need_weights: bool = False,
         cache: KVCache | None = None,
     ) -> Tensor:
         """queries (batch, q, query_size), keys/values (batch, k, *) -> (batch, q, num_hiddens).
@@ -400,11 +459,10 @@ class MultiHeadAttention(nn.Module):
         key_mask: (batch, k) bool, True marks a real key; an alternative to valid_lens.
         causal: query i attends to keys <= i (counting cached keys as the past).
         need_weights: keep `attention.attention_weights` (batch * num_heads, q, k); runs the
-            explicit path. None means `self.need_weights`.
+            explicit path. Inside `recording()` it is always true.
         cache: see `KVCache`; with a filled static cache `keys`/`values` are not used.
         """
-        if need_weights is None:
-            need_weights = self.need_weights
+        need_weights = need_weights or self.is_recording
         q, k, v = self._project(queries, keys, values, cache)  # (batch, heads, len, head_dim)
         batch_size, _, num_queries, _ = q.shape
         num_keys = k.shape[2]
@@ -423,8 +481,12 @@ class MultiHeadAttention(nn.Module):
             plain_causal = (causal and valid_lens is None and key_mask is None
                             and num_queries == num_keys)
             output = self._fused_attention(q, k, v, None if plain_causal else mask, plain_causal)
-        if self.head_mask is not None:  # (num_heads,) or (batch, num_heads)
-            output = output * self.head_mask.to(output).view(-1, self.num_heads, 1, 1)
+        if self._records:
+            weights = self.head_attention_weights  # (batch, heads, q, k)
+            for record in self._records:
+                record.weights = weights
+        if self._head_mask is not None:  # (num_heads,) or (batch, num_heads)
+            output = output * self._head_mask.to(output).view(-1, self.num_heads, 1, 1)
         return self.W_o(_merge_heads(output))  # (batch, q, num_hiddens)
 
     def _project(

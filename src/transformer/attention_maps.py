@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Union
 import torch
 from torch import Tensor
 
-from .attention import MultiHeadAttention
+from .attention import AttentionRecord, MultiHeadAttention
 from .model import Transformer, eval_mode
 from .plots import new_figure, save_png
 from .tokenizer import TokenizerPair
@@ -64,20 +64,15 @@ def attention_layers(model: Transformer) -> list[AttentionLayer]:
 
 
 @contextlib.contextmanager
-def recording_attention(model: Transformer) -> Iterator[list[AttentionLayer]]:
-    """Eval mode with every attention layer keeping its weights (`head_attention_weights`);
-    the training flag and `need_weights` are restored on exit, the weights dropped."""
-    layers = attention_layers(model)
-    flags = [layer.module.need_weights for layer in layers]
-    for layer in layers:
-        layer.module.need_weights = True
-    try:
-        with eval_mode(model):
-            yield layers
-    finally:
-        for layer, flag in zip(layers, flags, strict=True):
-            layer.module.need_weights = flag
-            layer.module.attention.attention_weights = None
+def recording_attention(model: Transformer) -> Iterator[dict[str, AttentionRecord]]:
+    """Eval mode with every attention layer recording (`MultiHeadAttention.recording`):
+    {layer name: its record}, in `attention_layers`' order. The training flag is restored
+    and the layers stop recording on exit."""
+    with contextlib.ExitStack() as stack:
+        records = {layer.name: stack.enter_context(layer.module.recording())
+                   for layer in attention_layers(model)}
+        stack.enter_context(eval_mode(model))
+        yield records
 
 
 @torch.no_grad()
@@ -89,10 +84,9 @@ def attention_maps(model: Transformer, src_ids: Sequence[int],
     device, c = model.device, model.config
     src = torch.tensor([list(src_ids) + [c.eos_id]], device=device)  # (1, src_len)
     tgt_in = torch.tensor([[c.start_id] + list(tgt_ids)], device=device)  # (1, tgt_len)
-    with recording_attention(model) as layers:
+    with recording_attention(model) as records:
         model(src, torch.tensor([src.shape[1]], device=device), tgt_in)
-        return {layer.name: layer.module.head_attention_weights[0].float().cpu()
-                for layer in layers}
+    return {name: record.weights[0].float().cpu() for name, record in records.items()}
 
 
 def axis_labels(tokenizers: TokenizerPair, src_ids: Sequence[int],

@@ -14,13 +14,14 @@ from torch import Tensor, nn
 from .attention import KVCache, MultiHeadAttention
 from .ops import Dropout, Linear
 
-__all__ = ["ACTIVATIONS", "PositionWiseFFN", "AddNorm", "EncoderBlock", "DecoderBlock",
+__all__ = ["FFN_ACTIVATIONS", "PositionWiseFFN", "AddNorm", "EncoderBlock", "DecoderBlock",
            "LayerCache"]
 
 
 # The FFN's activation by name: ReLU (the paper), GELU (exact, erf), swish = SiLU
 # (x * sigmoid(x), OPUS-MT's); the names Hugging Face's `activation_function` uses.
-ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "swish": nn.SiLU}
+FFN_ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU,
+                                               "swish": nn.SiLU}
 
 
 class PositionWiseFFN(nn.Module):
@@ -29,7 +30,7 @@ class PositionWiseFFN(nn.Module):
     def __init__(self, num_hiddens: int, ffn_num_hiddens: int, activation: str = "relu"):
         super().__init__()
         self.dense1 = Linear(num_hiddens, ffn_num_hiddens)
-        self.activation = ACTIVATIONS[activation]()
+        self.activation = FFN_ACTIVATIONS[activation]()
         self.dense2 = Linear(ffn_num_hiddens, num_hiddens)
 
     def forward(self, X: Tensor) -> Tensor:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import pickle
 import random
@@ -149,20 +150,33 @@ def load_checkpoint(path: PathLike, map_location: str | torch.device = "cpu", *,
         culprit = next((line.strip() for line in str(e).splitlines()
                         if "unsupported global" in line.lower()), "")
         if not culprit:
-            raise CheckpointError(f"corrupt or truncated checkpoint {path}: {e}") from e
+            raise CheckpointError(f"corrupt or truncated checkpoint {path}: "
+                                  f"{_torch_reason(e)}") from e
         raise CheckpointError(
             f"refusing to load {path}: it holds objects other than tensors and plain values, "
             f"which could run code when unpickled. {culprit}") from e
-    except Exception as e:
+    except Exception as e:  # any: damaged bytes fail in torch's zip or pickle layers alike
         raise CheckpointError(f"corrupt or truncated checkpoint {path}: "
-                              f"{type(e).__name__}: {e}") from e
+                              f"{type(e).__name__}: {_torch_reason(e)}") from e
     if not isinstance(state, dict) or "model" not in state or "model_config" not in state:
         raise CheckpointError(f"{path} is not a transformer checkpoint (no model/model_config)")
     version = state.get("format_version")
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version != FORMAT_VERSION:
         raise CheckpointError(f"{path} has checkpoint format {version!r}, this version of the "
                               f"package reads format {FORMAT_VERSION}")
     return state
+
+
+def _torch_reason(error: Exception) -> str:
+    """The reason in one of torch's multi-line messages, on one line: the lines that say
+    what was wrong, without the advice around them (`weights_only`, "Check the
+    documentation ...")."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        if line.startswith("WeightsUnpickler error:"):
+            detail = line.removeprefix("WeightsUnpickler error:").strip()
+            return detail or (lines[i + 1] if i + 1 < len(lines) else line)
+    return "; ".join(lines) if lines else repr(error)
 
 
 def check_model_config(state: dict, expected: ModelConfig, path: PathLike = "checkpoint") -> None:
@@ -184,8 +198,9 @@ def model_from_checkpoint(state: dict, path: PathLike = "checkpoint") -> Transfo
     try:
         model = Transformer(ModelConfig.from_dict(state["model_config"]))
         model.load_state_dict(state["model"])
-    except (ValueError, RuntimeError, TypeError) as e:
-        raise CheckpointError(f"cannot rebuild the model stored in {path}: {e}") from e
+    except (ValueError, RuntimeError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"cannot rebuild the model stored in {path}: "
+                              f"{_torch_reason(e)}") from e
     return model
 
 
@@ -238,8 +253,18 @@ def stored_training_config(state: dict, path: PathLike = "checkpoint") -> TrainC
 def stored_decoding(state: dict, path: PathLike = "checkpoint") -> DecodingSettings:
     """The decoding settings a checkpoint stores (`decoding`: beam size, alpha, ... chosen
     on validation data), over the defaults; a checkpoint without them gets the defaults."""
+    stored = state.get("decoding")
+    stored = {} if stored is None else stored
+    kinds = {"beam_size": int, "max_len_b": int, "alpha": (int, float), "max_len_a": (int, float)}
+    if not isinstance(stored, dict):
+        raise CheckpointError(f"{path} has invalid decoding settings: {stored!r}")
+    for key, kind in kinds.items():
+        value = stored.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)
+                                  or not math.isfinite(value)):
+            raise CheckpointError(f"{path} has invalid decoding settings: {key} is {value!r}")
     try:
-        return DecodingSettings.from_dict(state.get("decoding") or {})
+        return DecodingSettings.from_dict(stored)
     except ConfigError as e:
         raise CheckpointError(f"{path} has invalid decoding settings: {e}") from e
 

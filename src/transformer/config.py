@@ -14,7 +14,9 @@ got -1.0`) before anything is trained. A checkpoint stores its run's config as p
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import math
+import typing
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,13 +24,14 @@ from typing import TYPE_CHECKING, Any
 from . import multi30k
 from .errors import ConfigError
 from .model import Hyperparameters, ModelConfig
-from .tokenizer import MODEL_TYPES, SpecialIds
+from .tokenizer import SPM_MODEL_TYPES, SpecialIds
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 __all__ = ["ModelSettings", "DataConfig", "OptimConfig", "TrainerConfig", "TrainConfig",
-           "DecodingSettings", "load_config", "compose_config", "register_configs", "CONFIG_DIR"]
+           "DecodingSettings", "load_config", "compose_config", "register_configs",
+           "override_error", "CONFIG_DIR"]
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # package data: config.yaml + groups
 
@@ -52,6 +55,11 @@ def _known_fields(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite(value: Any) -> bool:
+    """A real number, not NaN or infinite (Hydra parses `inf` and `nan` as floats)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -145,9 +153,9 @@ class DataConfig:
                 f"data.max_tokens ({self.max_tokens}) must be >= data.max_len "
                 f"({self.max_len}) so that every training pair fits in a batch"
             )
-        if self.spm_model_type not in MODEL_TYPES:
+        if self.spm_model_type not in SPM_MODEL_TYPES:
             raise ConfigError(
-                f"data.spm_model_type must be one of {MODEL_TYPES}, got {self.spm_model_type!r}"
+                f"data.spm_model_type must be one of {SPM_MODEL_TYPES}, got {self.spm_model_type!r}"
             )
         if not isinstance(self.joint_vocab, bool):
             raise ConfigError(f"data.joint_vocab must be true or false, got {self.joint_vocab!r}")
@@ -198,12 +206,12 @@ class OptimConfig:
     def validate(self) -> None:
         _check(self.name in OPTIMIZERS, f"optim.name must be one of {OPTIMIZERS}, "
                                         f"got {self.name!r}")
-        _check(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
+        _check(_is_finite(self.lr) and self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
         _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
                f"optim.betas must be two values in [0, 1), got {list(self.betas)}")
-        _check(self.eps > 0, f"optim.eps must be > 0, got {self.eps}")
-        _check(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, "
-                                       f"got {self.weight_decay}")
+        _check(_is_finite(self.eps) and self.eps > 0, f"optim.eps must be > 0, got {self.eps}")
+        _check(_is_finite(self.weight_decay) and self.weight_decay >= 0,
+               f"optim.weight_decay must be >= 0, got {self.weight_decay}")
         _check(self.schedule in SCHEDULES, f"optim.schedule must be one of {SCHEDULES}, "
                                            f"got {self.schedule!r}")
         _check(_is_int(self.warmup_updates) and self.warmup_updates >= 0,
@@ -212,7 +220,8 @@ class OptimConfig:
                f"optim.cooldown_updates must be >= 0, got {self.cooldown_updates}")
         _check(0 <= self.label_smoothing < 1,
                f"optim.label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        _check(self.clip_norm >= 0, f"optim.clip_norm must be >= 0, got {self.clip_norm}")
+        _check(_is_finite(self.clip_norm) and self.clip_norm >= 0,
+               f"optim.clip_norm must be >= 0, got {self.clip_norm}")
         _check(_is_int(self.update_freq) and self.update_freq >= 1,
                f"optim.update_freq must be >= 1, got {self.update_freq}")
 
@@ -264,7 +273,7 @@ class TrainerConfig:
             value = getattr(self, key)
             _check(value is None or (_is_int(value) and value > 0),
                    f"trainer.{key} must be a positive integer or null, got {value!r}")
-        _check(self.max_time is None or self.max_time > 0,
+        _check(self.max_time is None or (_is_finite(self.max_time) and self.max_time > 0),
                f"trainer.max_time must be > 0 seconds or null, got {self.max_time}")
         for key in ("validate_every_updates", "validate_after_updates", "patience", "keep_last",
                     "num_samples", "save_every_updates", "prefetch_batches"):
@@ -279,7 +288,8 @@ class TrainerConfig:
         for key in ("log_every_updates", "max_bad_updates"):
             value = getattr(self, key)
             _check(_is_int(value) and value >= 1, f"trainer.{key} must be >= 1, got {value!r}")
-        _check(self.decode_max_len_a >= 0 and self.decode_max_len_b >= 1,
+        _check(_is_finite(self.decode_max_len_a) and self.decode_max_len_a >= 0
+               and _is_int(self.decode_max_len_b) and self.decode_max_len_b >= 1,
                "trainer.decode_max_len_a must be >= 0 and trainer.decode_max_len_b >= 1, got "
                f"{self.decode_max_len_a}, {self.decode_max_len_b}")
 
@@ -371,22 +381,101 @@ def register_configs() -> None:
 
 
 def load_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
-    """A composed Hydra config -> validated `TrainConfig` (ConfigError naming the key)."""
+    """A composed Hydra config -> validated `TrainConfig` (ConfigError naming the key: an
+    unknown key, a value of the wrong type or out of range)."""
     if isinstance(cfg, TrainConfig):
         cfg.validate()
         return cfg
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
-    merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg)  # types, unknown keys
-    return OmegaConf.to_object(merged)  # runs every validate()
+    _check_known_keys(cfg, TrainConfig)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg)  # types
+        return OmegaConf.to_object(merged)  # runs every validate()
+    except OmegaConfBaseException as e:
+        raise _omegaconf_error(e, _rejected_key(cfg)) from None
+
+
+def _leaves(values: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every leaf of a nested mapping ("optim.lr", 0.1)."""
+    for key, value in values.items():
+        if isinstance(value, Mapping) and value:
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def _rejected_key(cfg: Mapping[str, Any]) -> str | None:
+    """The first key of `cfg` whose value alone the schema rejects (for OmegaConf's errors
+    that do not say which key, e.g. a mapping given where a list belongs)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for key, value in _leaves(cfg):
+        single = OmegaConf.create()
+        OmegaConf.update(single, key, value, force_add=True)
+        try:
+            OmegaConf.merge(OmegaConf.structured(TrainConfig), single)
+        except OmegaConfBaseException:
+            return key
+    return None
+
+
+def _check_known_keys(values: Mapping[str, Any], schema: type, prefix: str = "") -> None:
+    """Raise ConfigError naming the first key of `values` that `schema` (a dataclass, its
+    groups recursively) does not have: a key added with Hydra's `+key=value` would
+    otherwise be carried along unused."""
+    fields = typing.get_type_hints(schema)
+    for key, value in values.items():
+        if key not in fields:
+            raise ConfigError(f"{prefix}{key} is not a config key (the keys of "
+                              f"{prefix.rstrip('.') or 'the config'}: "
+                              f"{', '.join(sorted(fields))})")
+        if dataclasses.is_dataclass(fields[key]) and isinstance(value, Mapping):
+            _check_known_keys(value, fields[key], f"{prefix}{key}.")
+
+
+def _omegaconf_error(error: Exception, key: str | None = None) -> ConfigError:
+    """OmegaConf's error about a value -> one line naming the key (`full_key`, else
+    `key`)."""
+    key = getattr(error, "full_key", None) or key
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return ConfigError(f"{key}: {reason}" if key else reason)
+
+
+def override_error(error: Exception) -> ConfigError:
+    """Hydra's error about an override (a parse error, a missing preset, a value OmegaConf
+    rejects) -> ConfigError on one line naming the override and its key (`compose_config`
+    and the Hydra commands report them so)."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+
+    if isinstance(error, OverrideParseException):
+        reason = error.message.splitlines()[0]
+        return ConfigError(f"invalid override {error.override!r}: {reason}")
+    if isinstance(error, MissingConfigException):
+        reason = str(error).splitlines()[0]
+        options = f"; the options are: {', '.join(error.options)}" if error.options else ""
+        return ConfigError(f"{reason}{options}")
+    first = str(error).strip().splitlines()[0].rstrip(".") if str(error).strip() else repr(error)
+    cause = error.__cause__
+    if cause is None:
+        return ConfigError(first)
+    return ConfigError(f"{first}: {_omegaconf_error(cause)}")
 
 
 def compose_config(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -> TrainConfig:
     """Compose `config_dir` (the package's configs) with command-line style `overrides` (as
     `transformer train` would, but without starting a Hydra app: for tests and notebooks)
-    -> validated `TrainConfig`."""
+    -> validated `TrainConfig`. Every bad override raises ConfigError naming it."""
     from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     register_configs()
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        return load_config(compose("config", overrides=list(overrides)))
+        try:
+            cfg = compose("config", overrides=list(overrides))
+        except (HydraException, OmegaConfBaseException) as e:
+            raise override_error(e) from None
+    return load_config(cfg)

@@ -4,7 +4,7 @@ Flow (see `load_data`; `transformer prepare-data` runs it alone):
 
 1. `resolve_files`: the config names a source and a target file per split (`data=files`),
    or Multi30k files in `data.root`, downloaded and checksummed if missing (`data=multi30k`).
-2. `vocabulary`: the tokenizer pair given (a checkpoint's), `data.spm_model`, the run
+2. `run_tokenizers`: the tokenizer pair given (a checkpoint's), `data.spm_model`, the run
    directory's, or SentencePiece trained on a sample of the training split.
 3. `split_store`: each split is streamed (`text.iter_parallel`: UTF-8, line endings and line
    counts checked; empty training pairs dropped), encoded chunk by chunk and written to a
@@ -33,10 +33,10 @@ from . import multi30k
 from .batching import eval_batches, train_batches
 from .config import SPLITS, DataConfig
 from .errors import DataError
+from .run_tokenizers import existing_tokenizers, train_tokenizers
 from .store import STORE_VERSION, ParallelCorpus, StoreWriter, read_meta
 from .text import iter_parallel, read_parallel
 from .tokenizer import Tokenizer, TokenizerPair
-from .vocabulary import existing_tokenizers, train_tokenizers
 
 __all__ = ["SplitFiles", "split_files", "resolve_files", "store_path", "write_split_store",
            "split_store", "Data", "load_data"]
@@ -123,10 +123,16 @@ def _is_fresh(directory: Path, files: SplitFiles, tokenizers: TokenizerPair) -> 
         raise DataError(f"{directory} was encoded with another tokenizer than this run's; "
                         "delete it and it will be rebuilt")
     for side, path in (("src", files.src), ("tgt", files.tgt)):
-        recorded, stat = meta["sources"][side], path.stat()
-        if (recorded["size"], recorded["mtime_ns"]) == (stat.st_size, stat.st_mtime_ns):
+        try:
+            recorded = meta["sources"][side]
+            size, mtime_ns, sha256 = (recorded[k] for k in ("size", "mtime_ns", "sha256"))
+        except (KeyError, TypeError):
+            raise DataError(f"{directory / 'meta.json'} does not record the {side} file it "
+                            "was built from; delete the store and it will be rebuilt") from None
+        stat = path.stat()
+        if (size, mtime_ns) == (stat.st_size, stat.st_mtime_ns):
             continue  # unchanged, as make and git decide, without reading the file
-        if recorded["size"] != stat.st_size or recorded["sha256"] != _sha256_file(path):
+        if size != stat.st_size or sha256 != _sha256_file(path):
             log.info("%s changed since %s was built: rebuilding it", path, directory)
             return False
     return True

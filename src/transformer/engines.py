@@ -1,12 +1,14 @@
-"""Translation engines: our PyTorch `Translator`, or CTranslate2 running an exported model.
+"""Translation engines: CTranslate2 running an exported model, and `load_translator`, which
+loads either engine (ours, `translator.Translator`, or CTranslate2's) by name.
 
     translator = load_translator("runs/x", "torch")                 # a checkpoint or run dir
     translator = load_translator("runs/x/ct2-int8", "ctranslate2")  # transformer export's output
     translator.translate(lines, beam_size=5)     # the same API and return values either way
 
 Both are `translator.BaseTranslator`s: the same source encoding, batching
-(`search.decode_batches`), n-best lists, blank-line handling and scores, so
-`translate_lines`, `bleu_report` and the paper protocol work with either.
+(`search.decode_batches`), n-best lists, blank-line handling, scores and the same
+`decoding.DecodingRequest`, so `transformer translate`'s output and BLEU reports work with
+either.
 
 How the CTranslate2 engine matches `search.beam_search`:
 - Greedy (beam 1) is the same argmax search; tokens agree except where float rounding
@@ -55,12 +57,12 @@ from typing import Any, ClassVar, Union
 
 import torch
 
-from .alignment import AlignmentOptions
-from .config import DecodingSettings
-from .errors import ExportError
+from .decoding import DecodingRequest, RequestError
+from .errors import ConfigError, ExportError
 from .export import read_export, require_ctranslate2
 from .model import ModelConfig
-from .search import Hypothesis, Sampling, decode_batches, length_penalty, max_output_lengths
+from .runtime import device_index, resolve_device
+from .search import Hypothesis, decode_batches, length_penalty, max_output_lengths
 from .translator import BaseTranslator, Translator
 
 __all__ = ["ENGINES", "CTranslate2Translator", "load_translator"]
@@ -118,24 +120,32 @@ class CTranslate2Translator(BaseTranslator):
         """vmap.txt's counts (`ExportInfo.vocab_map`), or None: the whole vocabulary."""
         return self.info.vocab_map
 
-    def _search(self, sources: list[list[int]], settings: DecodingSettings, *, nbest: int,
-                sampling: Sampling | None, prefixes: list[list[int]] | None,
-                alignment: AlignmentOptions | None, max_tokens: int, use_cache: bool,
-                on_progress: Callable[[int], None] | None) -> list[list[Hypothesis]]:
-        if not use_cache:
-            raise ValueError("use_cache=False exists only for the torch engine")
+    def check(self, request: DecodingRequest) -> None:
+        """What CTranslate2 cannot do: decode without its cache, or align with another
+        attention than the one chosen at export (the last decoder layer, averaged over its
+        heads)."""
+        super().check(request)
+        if not request.use_cache:
+            raise RequestError("use_cache", "{use_cache}=False exists only for the torch engine")
+        alignment = request.alignment
         if alignment is not None and (alignment.head is not None or alignment.layer not in (
                 -1, self.model_config.num_decoder_layers - 1)):
-            raise ValueError("the ctranslate2 engine aligns with the attention of the last "
-                             "decoder layer, averaged over its heads (set at export); "
-                             "alignment_layer and alignment_head need the torch engine")
-        if sampling is not None:
-            require_ctranslate2().set_random_seed(sampling.seed)
+            raise RequestError("alignment_head" if alignment.head is not None
+                               else "alignment_layer",
+                               "the ctranslate2 engine aligns with the attention of the last "
+                               "decoder layer, averaged over its heads (chosen at export); "
+                               "{alignment_layer} and {alignment_head} need the torch engine")
+
+    def _search(self, sources: list[list[int]], request: DecodingRequest, *,
+                prefixes: list[list[int]] | None, max_tokens: int,
+                on_progress: Callable[[int], None] | None) -> list[list[Hypothesis]]:
+        if request.sampling is not None:
+            require_ctranslate2().set_random_seed(request.sampling.seed)
         return decode_batches(sources, lambda batch: self._search_batch(
-                                  [sources[i] for i in batch], settings, nbest, sampling,
-                                  None if prefixes is None else [prefixes[i] for i in batch],
-                                  alignment is not None),
-                              nbest=nbest, max_tokens=max_tokens, on_progress=on_progress)
+                                  [sources[i] for i in batch], request,
+                                  None if prefixes is None else [prefixes[i] for i in batch]),
+                              nbest=request.nbest, max_tokens=max_tokens,
+                              on_progress=on_progress)
 
     def _score(self, sources: list[list[int]], targets: list[list[int]], *,
                max_tokens: int) -> list[float]:
@@ -146,19 +156,18 @@ class CTranslate2Translator(BaseTranslator):
             max_batch_size=max_tokens, batch_type="tokens", max_input_length=0)
         return [float(sum(result.log_probs)) for result in results]
 
-    def _search_batch(self, batch: Sequence[Sequence[int]], settings: DecodingSettings,
-                      nbest: int, sampling: Sampling | None = None,
-                      prefixes: list[list[int]] | None = None,
-                      attention: bool = False) -> list[list[Hypothesis]]:
+    def _search_batch(self, batch: Sequence[Sequence[int]], request: DecodingRequest,
+                      prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
         """One `translate_batch` call; see the module docstring for how it matches ours."""
+        sampling, attention = request.sampling, request.alignment is not None
         limits = max_output_lengths(torch.tensor([len(ids) for ids in batch]),
-                                    settings.max_len_a, settings.max_len_b,
+                                    request.max_len_a, request.max_len_b,
                                     self.model_config.max_positions).tolist()
         if prefixes is not None:  # as search._limits: room for the prefix at least
             limits = [max(limit, len(ids)) for limit, ids in zip(limits, prefixes, strict=True)]
         sources = [[self._src_pieces[i] for i in ids] for ids in batch]
         if sampling is None:
-            search = dict(beam_size=settings.beam_size, num_hypotheses=settings.beam_size,
+            search = dict(beam_size=request.beam_size, num_hypotheses=request.beam_size,
                           length_penalty=0.0)
         else:
             search = dict(beam_size=1, sampling_topk=sampling.topk,
@@ -178,7 +187,7 @@ class CTranslate2Translator(BaseTranslator):
                                                                   result.scores, strict=True))]
                       for result, limit in zip(results, limits, strict=True)]
         self._rescore_cut(sources, candidates, limits)
-        return [self._ranked(hyps, settings.alpha, nbest) for hyps in candidates]
+        return [self._ranked(hyps, request.alpha, request.nbest) for hyps in candidates]
 
     def _sub_batch_tokens(self, batch: Sequence[Sequence[int]]) -> int:
         """CTranslate2 splits each batch into sub-batches of at most this many (padded)
@@ -220,14 +229,12 @@ def _attention(result: Any, j: int) -> torch.Tensor:
 
 
 def _ct2_device(device: str | torch.device) -> tuple[str, int]:
-    """"auto", "cpu", "cuda", "cuda:1" -> CTranslate2's (device, device_index)."""
-    device = str(device)
-    if device == "auto":
-        return ("cuda" if torch.cuda.is_available() else "cpu"), 0
-    kind, _, index = device.partition(":")
-    if kind not in ("cpu", "cuda") or not (index.isdigit() or not index):
-        raise ExportError(f"the ctranslate2 engine runs on cpu or cuda[:N], not {device!r}")
-    return kind, int(index or 0)
+    """"auto", "cpu", "cuda", "cuda:1" (`runtime.resolve_device`) -> CTranslate2's (device,
+    device_index)."""
+    resolved = resolve_device(device)
+    if resolved.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device}: the ctranslate2 engine runs on cpu or cuda[:N]")
+    return resolved.type, device_index(resolved)
 
 
 def load_translator(checkpoint: PathLike | Sequence[PathLike], engine: str = "torch", *,
@@ -242,7 +249,7 @@ def load_translator(checkpoint: PathLike | Sequence[PathLike], engine: str = "to
             torch.set_num_threads(threads)
         return Translator.load(checkpoint, device=device)
     if engine != "ctranslate2":
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
     if len(paths) != 1:
         raise ExportError("the ctranslate2 engine reads one export directory; average "

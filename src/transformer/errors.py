@@ -6,12 +6,19 @@ package's errors with one `except`, and the `transformer` command has one handle
 (`cli.report_errors`: `error: <message>` on stderr, exit status 1, no traceback). Each also
 derives from the built-in exception it refines (`DataError` is a `ValueError`, `WriteError`
 an `OSError`), so code that catches those keeps working.
+
+Optional packages (the extras in pyproject.toml: `export`, `serve`, `hf`, `paper`) are
+imported through `require`, so a missing one always reads the same way, as a
+`MissingDependency` that says which extra brings it.
 """
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 __all__ = ["TransformerError", "ConfigError", "DataError", "WriteError", "CheckpointError",
-           "ExportError", "TrainingError"]
+           "ExportError", "TrainingError", "MissingDependency", "require"]
 
 
 class TransformerError(Exception):
@@ -38,8 +45,29 @@ class CheckpointError(TransformerError, RuntimeError):
 
 
 class ExportError(TransformerError, RuntimeError):
-    """CTranslate2 is missing, or an export directory is unusable; says why."""
+    """An export that cannot be written or an export directory that is unusable; says
+    why."""
 
 
 class TrainingError(TransformerError, RuntimeError):
     """Training cannot go on (e.g. too many non-finite losses in a row, a full disk)."""
+
+
+class MissingDependency(TransformerError, ImportError):
+    """An optional package is not installed; names it and the package's extra that brings
+    it (`the ctranslate2 engine needs the optional package ctranslate2: pip install
+    'transformer[export]'`)."""
+
+
+def require(module: str, extra: str, feature: str = "this feature") -> ModuleType:
+    """Import the optional `module` (e.g. "ctranslate2", "safetensors.torch") and return it;
+    if it is not installed, raise `MissingDependency` naming its package, `feature` (what
+    needs it, e.g. "the ctranslate2 engine") and the `extra` that installs it."""
+    package = module.split(".")[0]
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        missing = e.name is not None and e.name.split(".")[0] == package
+        broken = "" if missing else f" (installed, but its import fails: {e})"
+        raise MissingDependency(f"{feature} needs the optional package {package}{broken}: "
+                                f"pip install 'transformer[{extra}]'", name=package) from None

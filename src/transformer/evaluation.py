@@ -2,9 +2,8 @@
 
 - `evaluation_text`: the validation or test pairs of the run a model came from, found the
   way the run found them (its `data=files` paths, or Multi30k in its `data.root`, else in
-  the download cache), or two given files; `add_evaluation_arguments` and
-  `load_for_evaluation` are the matching command-line options and start of the commands that
-  evaluate a model (head importance, pruning).
+  the download cache), or two given files (the commands' options for it:
+  `cli.options.add_evaluation_options`).
 - `tune_decoding`: how many of a run's newest epoch checkpoints to average and which
   length-penalty alpha to decode with, by BLEU on validation data (the knobs Wu et al. 2021
   name; the test set is never an option). `checkpoints_within` restricts a run to what it
@@ -13,7 +12,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
@@ -33,8 +31,7 @@ from .search import DEFAULT_MAX_TOKENS
 from .text import ParallelText, read_parallel
 from .translator import Translator
 
-__all__ = ["evaluation_text", "add_evaluation_arguments", "Evaluation",
-           "load_for_evaluation", "checkpoints_within", "DecodingTrial", "tune_decoding",
+__all__ = ["evaluation_text", "checkpoints_within", "DecodingTrial", "tune_decoding",
            "best_trial"]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -86,45 +83,6 @@ def evaluation_text(training_config: TrainConfig | None, *, data: str = "valid",
         raise DataError(f"{src} is empty")
     return ParallelText(text.src[:max_sentences], text.tgt[:max_sentences],
                         text.lines[:max_sentences])
-
-
-def add_evaluation_arguments(parser: argparse.ArgumentParser,
-                             splits: Sequence[str] = ("valid", "test"),
-                             max_tokens: int = 4096) -> None:
-    """The evaluation-data and device options of the commands that evaluate a model
-    (`evaluation_text`); `splits` are the splits `--data` may name."""
-    p = parser
-    p.add_argument("--data", choices=tuple(splits), default="valid",
-                   help="the run's split (its data=files paths or Multi30k language pair)")
-    p.add_argument("--data-root", help="folder of the Multi30k .gz files (default: the run's "
-                                       "data.root, else the download cache)")
-    p.add_argument("--src", type=Path, help="source file (instead of --data)")
-    p.add_argument("--ref", type=Path, help="reference file (instead of --data)")
-    p.add_argument("--max-sentences", type=int, help="use only the first N sentences")
-    p.add_argument("--max-tokens", type=int, default=max_tokens, help="tokens per batch")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
-    p.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
-
-
-@dataclass
-class Evaluation:
-    """What an evaluation script starts with."""
-
-    translator: Translator  # the model, tokenizers, decoding defaults and training config
-    text: ParallelText  # the sentence pairs to evaluate on
-
-
-def load_for_evaluation(args: argparse.Namespace) -> Evaluation:
-    """The translator (its checkpoint loaded once) and the evaluation pairs, from
-    `add_evaluation_arguments`' options. Sets the thread count; raises CheckpointError,
-    DataError or OSError with a one-line message."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    translator = Translator.load(args.checkpoint, args.device)
-    text = evaluation_text(translator.training_config, data=args.data,
-                           data_root=args.data_root, src=args.src, ref=args.ref,
-                           max_sentences=args.max_sentences)
-    return Evaluation(translator, text)
 
 
 # ---- choosing checkpoints and length penalty on validation data ---------------------------

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
 from .config import DecodingSettings, TrainConfig
-from .errors import ExportError
+from .errors import ExportError, require
 from .files import atomic_directory, atomic_write
 from .model import ModelConfig, Transformer
 from .tokenizer import Tokenizer, TokenizerPair
@@ -61,18 +61,12 @@ PathLike = Union[str, "os.PathLike[str]"]
 QUANTIZATIONS = ("float32", "int8", "int8_float32")  # CPU weight types worth exporting
 EXPORT_INFO = "transformer.json"  # our metadata beside CTranslate2's model.bin
 VOCAB_MAP = "vmap.txt"  # the file name CTranslate2 looks for
-INSTALL_HINT = "pip install 'ctranslate2>=4' (the package's [export] extra)"
 CT2_ACTIVATION = {"relu": "RELU", "gelu": "GELU", "swish": "SWISH"}  # ModelConfig.activation
 
 
 def require_ctranslate2() -> Any:
-    """The `ctranslate2` module, or ExportError saying how to install it."""
-    try:
-        import ctranslate2
-    except ImportError:
-        raise ExportError(f"the ctranslate2 engine needs the ctranslate2 package: "
-                          f"{INSTALL_HINT}") from None
-    return ctranslate2
+    """The `ctranslate2` module, or `MissingDependency` saying how to install it."""
+    return require("ctranslate2", extra="export", feature="the ctranslate2 engine")
 
 
 @dataclass

@@ -68,7 +68,7 @@ def atomic_write(path: PathLike, *, text: bool = False) -> Iterator[IO]:
     try:
         try:
             yield recorder
-        except Exception as e:
+        except Exception as e:  # any: torch.save re-raises a failed write as RuntimeError
             if recorder.error is not None:
                 raise _failed(path, recorder.error) from e
             raise

@@ -12,7 +12,7 @@ encoder-decoder attention, by layer).
       sentence's loss L(x) (summed token cross-entropy) w.r.t. a gate xi_h = 1 on the head's
       output. One gate row per sentence makes it per sentence in one backward pass;
   (c) entropy (nats) of the head's attention distribution, averaged over real queries.
-  Masks and gates are `MultiHeadAttention.head_mask`, which scales each head's output
+  Masks and gates are `MultiHeadAttention.masking_heads`, which scales each head's output
   before W_o; nothing is copied.
 - Pruning: `heads_to_prune` picks the heads with the lowest gradient importance, each
   layer's scores divided by their L2 norm first (as Michel et al. 2019 do, after Molchanov
@@ -54,17 +54,13 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 @contextlib.contextmanager
 def head_masks(model: Transformer, masks: dict[str, Tensor]) -> Iterator[None]:
-    """Set `head_mask` of the named attention layers ({name: (num_heads,) or (batch,
-    num_heads)}) for the duration; the previous masks are restored on exit."""
-    modules = {name: model.get_submodule(name) for name in masks}
-    previous = {name: module.head_mask for name, module in modules.items()}
-    try:
-        for name, module in modules.items():
-            module.head_mask = masks[name]
+    """Mask the heads of the named attention layers ({name: (num_heads,) or (batch,
+    num_heads)}) for the duration (`MultiHeadAttention.masking_heads`); the previous masks
+    are restored on exit."""
+    with contextlib.ExitStack() as stack:
+        for name, mask in masks.items():
+            stack.enter_context(model.get_submodule(name).masking_heads(mask))
         yield
-    finally:
-        for name, module in modules.items():
-            module.head_mask = previous[name]
 
 
 # ---- teacher-forced evaluation batches -----------------------------------------------
@@ -95,7 +91,7 @@ def gradient_importance(model: Transformer, batches: Sequence[Batch]) -> Gradien
     """Gradient importance and attention entropy of every head.
 
     Importance: mean over sentences of |dL(x)/d xi_h|, with L(x) the sentence's summed token
-    cross-entropy and xi a gate of ones on each head's output (`head_mask` of shape
+    cross-entropy and xi a gate of ones on each head's output (a head mask of shape
     (batch, num_heads), so each sentence gets its own gradient). Entropy: mean over real
     (non-padding) queries of -sum_k p_k log p_k, in nats.
     """
@@ -106,7 +102,7 @@ def gradient_importance(model: Transformer, batches: Sequence[Batch]) -> Gradien
     entropy = {name: torch.zeros_like(value) for name, value in importance.items()}
     queries = dict.fromkeys(importance, 0)
     sentences = 0
-    with recording_attention(model), torch.enable_grad():
+    with recording_attention(model) as records, torch.enable_grad():
         for batch in batches:
             gates = {layer.name: torch.ones(len(batch), layer.module.num_heads, device=device,
                                             requires_grad=True) for layer in layers}
@@ -119,7 +115,7 @@ def gradient_importance(model: Transformer, batches: Sequence[Batch]) -> Gradien
                     "enc-dec": tgt_real}  # (B, queries)
             for layer, grad in zip(layers, grads, strict=True):
                 importance[layer.name] += grad.abs().sum(0).double().cpu()
-                weights = layer.module.head_attention_weights.detach().float()  # (B, h, q, k)
+                weights = records[layer.name].weights.detach().float()  # (B, h, q, k)
                 per_query = -torch.special.xlogy(weights, weights).sum(-1)  # (B, h, q)
                 mask = real[layer.kind][:, None, :]  # (B, 1, q)
                 entropy[layer.name] += (per_query * mask).sum((0, 2)).double().cpu()

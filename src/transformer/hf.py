@@ -31,7 +31,9 @@ the decoder starts from `<pad>`); the tokenizer maps SentencePiece's pieces thro
 `vocab.json` (`tokenizer.Tokenizer`'s id table), as MarianTokenizer does (a leading `>>xx<<`
 language token included); one difference: `<unk>` decodes as SentencePiece's " ⁇ ", where
 MarianTokenizer drops it. Files are read with `safetensors` or
-`torch.load(weights_only=True)`: nothing is unpickled otherwise. Writing safetensors needs the
+`torch.load(weights_only=True)`: nothing is unpickled otherwise. Every tensor of an imported
+state is read, or known to repeat one that is (`from_hf_state`); any other is an error, as
+it would be a weight the imported model silently lacks. Writing safetensors needs the
 `safetensors` package (the `hf` extra brings it with `transformers`).
 """
 
@@ -50,22 +52,23 @@ from torch import Tensor
 
 from .checkpoint import inference_checkpoint
 from .config import DecodingSettings
-from .errors import CheckpointError, ExportError
+from .errors import CheckpointError, ExportError, require
 from .files import atomic_directory, atomic_write
 from .model import ModelConfig, Transformer
 from .tokenizer import SpecialIds, Tokenizer, TokenizerPair
 from .translator import Translator
 
-__all__ = ["HF_INSTALL_HINT", "MODEL_AXIS", "permutation", "hf_model_config", "hf_config",
-           "generation_config",
-           "to_hf_state", "from_hf_state", "read_hf_tokenizers", "import_hf", "export_hf"]
+__all__ = ["ACTIVATION_FROM_HF", "NORM_FIRST_BY_MODEL_TYPE", "MODEL_AXIS", "permutation",
+           "hf_model_config", "hf_config", "generation_config", "to_hf_state", "from_hf_state",
+           "read_hf_tokenizers", "import_hf", "export_hf"]
 
 log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
-HF_INSTALL_HINT = "pip install 'safetensors>=0.4' 'transformers>=4.40' (the package's [hf] extra)"
-ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
-MODEL_TYPES = {"marian": False, "pegasus": True}  # model_type -> pre-norm
+# config.json's activation_function -> our `model.activation` (SiLU is swish)
+ACTIVATION_FROM_HF = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
+# config.json's model_type -> our `model.norm_first` (Pegasus is Marian's pre-norm twin)
+NORM_FIRST_BY_MODEL_TYPE = {"marian": False, "pegasus": True}
 ARCHITECTURES = {"marian": "MarianMTModel", "pegasus": "PegasusForConditionalGeneration"}
 
 
@@ -162,34 +165,62 @@ def _unpruned_state(model: Transformer) -> dict[str, Tensor]:
     return state
 
 
+# Tensors a Hugging Face state may hold besides those the import reads, because they say
+# nothing new. Copies of the one embedding table (`model.shared.weight`, which Marian ties to
+# both stacks and, with tie_word_embeddings, to the output: `save_pretrained` may keep every
+# copy) are checked to be copies. The position tables are the fixed sinusoid (config.json's
+# static_position_embeddings is checked), which `model.PositionalEncoding` computes.
+SHARED_EMBEDDING = "model.shared.weight"
+EMBEDDING_COPIES = ("model.shared.weight", "model.encoder.embed_tokens.weight",
+                    "model.decoder.embed_tokens.weight", "lm_head.weight")  # searched in order
+POSITION_TABLES = ("model.encoder.embed_positions.weight",
+                   "model.decoder.embed_positions.weight")
+
+
 def from_hf_state(hf_state: dict[str, Tensor], model: Transformer,
                   path: PathLike = "model") -> dict[str, Tensor]:
     """The state dict for `model` (its names and shapes) from Hugging Face's tensors (the
-    inverse of `to_hf_state`); CheckpointError naming the first missing tensor."""
+    inverse of `to_hf_state`). CheckpointError naming the first missing tensor, or the
+    tensors left unread (other than `EMBEDDING_COPIES` and `POSITION_TABLES`): a model with
+    weights ours does not have would be imported as another function."""
     config = model.config
     inverse = torch.argsort(permutation(config.num_hiddens))
-    shared = next((hf_state[k] for k in ("model.shared.weight", "model.encoder.embed_tokens.weight",
-                                         "model.decoder.embed_tokens.weight", "lm_head.weight")
-                   if k in hf_state), None)
-    state = {}
+    shared_key = next((k for k in EMBEDDING_COPIES if k in hf_state), SHARED_EMBEDDING)
+    state, read = {}, set()
     for name, ours in model.state_dict().items():
         hf = _hf_name(name)
         if name == "output_projection.weight" and not config.tie_output:
             hf = "lm_head.weight"
-        if hf is None or hf == "model.shared.weight":
-            value = shared
-        else:
-            value = hf_state.get(hf)
-        if value is None:
-            raise CheckpointError(f"{path} has no tensor {hf or 'model.shared.weight'} "
-                                  f"(for our {name})")
-        value = value.reshape(-1) if hf == "final_logits_bias" else value
+        if hf is None or hf == SHARED_EMBEDDING:
+            hf = shared_key
+        if hf not in hf_state:
+            raise CheckpointError(f"{path} has no tensor {hf} (for our {name})")
+        read.add(hf)
+        value = hf_state[hf].reshape(-1) if hf == "final_logits_bias" else hf_state[hf]
         value = _permuted(name, value.to(torch.float32), inverse)
         if value.shape != ours.shape:
             raise CheckpointError(f"{path}: {hf} has shape {tuple(value.shape)}, the config "
                                   f"asks for {tuple(ours.shape)}")
         state[name] = value.contiguous()
+    _check_all_read(hf_state, read, shared_key, path)
     return state
+
+
+def _check_all_read(hf_state: dict[str, Tensor], read: set[str], shared_key: str,
+                    path: PathLike) -> None:
+    """CheckpointError unless every tensor of `hf_state` was `read`, is a position table, or
+    is an unread copy of the embedding table `shared_key` equal to it."""
+    for key in EMBEDDING_COPIES:
+        if key in hf_state and key not in read and not torch.equal(hf_state[key],
+                                                                    hf_state[shared_key]):
+            raise CheckpointError(f"{path}: {key} differs from {shared_key}; the import needs "
+                                  f"one embedding table for both stacks (and a tied output)")
+    unread = [key for key in hf_state
+              if key not in read and key not in EMBEDDING_COPIES and key not in POSITION_TABLES]
+    if unread:
+        shown = ", ".join(unread[:3]) + (", ..." if len(unread) > 3 else "")
+        raise CheckpointError(f"{path} has {len(unread)} tensor(s) our model has no place for "
+                              f"({shown}): it is not the model its config.json describes")
 
 
 # ---- configs ------------------------------------------------------------------------------
@@ -201,10 +232,10 @@ def hf_model_config(cfg: dict[str, Any], path: PathLike = "config.json") -> Mode
         raise CheckpointError(f"{path}: {key}={cfg.get(key)!r} is not supported: {why}")
 
     model_type = cfg.get("model_type")
-    if model_type not in MODEL_TYPES:
-        fail("model_type", f"the bridge reads {' and '.join(MODEL_TYPES)} models")
-    if cfg.get("activation_function") not in ACTIVATIONS:
-        fail("activation_function", f"the FFN computes {', '.join(ACTIVATIONS)}")
+    if model_type not in NORM_FIRST_BY_MODEL_TYPE:
+        fail("model_type", f"the bridge reads {' and '.join(NORM_FIRST_BY_MODEL_TYPE)} models")
+    if cfg.get("activation_function") not in ACTIVATION_FROM_HF:
+        fail("activation_function", f"the FFN computes {', '.join(ACTIVATION_FROM_HF)}")
     if cfg.get("scale_embedding") is not True:
         fail("scale_embedding", "our embeddings are always scaled by sqrt(d_model)")
     for key in ("normalize_embedding", "layernorm_embedding", "add_bias_logits"):
@@ -234,9 +265,10 @@ def hf_model_config(cfg: dict[str, Any], path: PathLike = "config.json") -> Mode
             num_encoder_layers=cfg["encoder_layers"], num_decoder_layers=cfg["decoder_layers"],
             dropout=float(cfg.get("dropout", 0.1)),
             attention_dropout=float(cfg.get("attention_dropout", 0.0)),
-            norm_first=MODEL_TYPES[model_type], tie_output=cfg.get("tie_word_embeddings", True),
+            norm_first=NORM_FIRST_BY_MODEL_TYPE[model_type],
+            tie_output=cfg.get("tie_word_embeddings", True),
             max_positions=cfg["max_position_embeddings"],
-            activation=ACTIVATIONS[cfg["activation_function"]], output_bias=True,
+            activation=ACTIVATION_FROM_HF[cfg["activation_function"]], output_bias=True,
             src_vocab_size=cfg["vocab_size"], tgt_vocab_size=cfg["vocab_size"],
             share_embeddings=True, pad_id=cfg["pad_token_id"],
             start_id=cfg.get("decoder_start_token_id", cfg["pad_token_id"]),
@@ -351,14 +383,11 @@ def _read_weights(directory: Path) -> dict[str, Tensor]:
     """model.safetensors, else pytorch_model.bin (weights_only): {name: tensor}."""
     path = directory / "model.safetensors"
     if path.is_file():
+        safetensors = require("safetensors.torch", extra="hf", feature=f"reading {path}")
         try:
-            from safetensors.torch import load_file
-        except ImportError:
-            raise CheckpointError(f"reading {path} needs safetensors: "
-                                  f"{HF_INSTALL_HINT}") from None
-        try:
-            return load_file(str(path))
-        except Exception as e:  # safetensors raises its own SafetensorError
+            return safetensors.load_file(str(path))
+        except Exception as e:  # any: SafetensorError (not a subclass of ours), or what the
+            # header's JSON and torch raise for damaged bytes
             raise CheckpointError(f"corrupt or truncated {path}: {e}") from None
     path = directory / "pytorch_model.bin"
     if not path.is_file():
@@ -366,7 +395,8 @@ def _read_weights(directory: Path) -> dict[str, Tensor]:
                               f"(sharded checkpoints are not supported)")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
+    except Exception as e:  # any: damaged bytes fail in torch's zip or pickle layers alike,
+        # and weights_only's refusals are UnpicklingErrors
         raise CheckpointError(f"cannot read {path} safely (weights only): "
                               f"{str(e).splitlines()[0]}") from None
     if not isinstance(state, dict):
@@ -396,14 +426,6 @@ def import_hf(directory: PathLike) -> dict[str, Any]:
 
 # ---- export -------------------------------------------------------------------------------
 
-def _require_safetensors() -> Any:
-    try:
-        from safetensors.torch import save_file
-    except ImportError:
-        raise ExportError(f"--format hf needs safetensors: {HF_INSTALL_HINT}") from None
-    return save_file
-
-
 def export_hf(translator: Translator, output: PathLike) -> dict[str, Any]:
     """Write `translator`'s model as a Hugging Face directory `output` that
     `AutoModelForSeq2SeqLM`, `AutoTokenizer` and `pipeline("translation")` load offline:
@@ -411,7 +433,7 @@ def export_hf(translator: Translator, output: PathLike) -> dict[str, Any]:
     (source.spm, target.spm, vocab.json, tokenizer_config.json). The directory appears
     complete or not at all (built beside `output`, then renamed; an existing one is
     replaced only if it holds a config.json). Returns config.json's contents."""
-    save_file = _require_safetensors()
+    safetensors = require("safetensors.torch", extra="hf", feature="export --format hf")
     model, tokenizers = translator.model, translator.tokenizers
     config = hf_config(model.config)
     state = to_hf_state(model)
@@ -421,8 +443,8 @@ def export_hf(translator: Translator, output: PathLike) -> dict[str, Any]:
         raise ExportError(f"{output} exists and is not a Hugging Face model directory: "
                           f"choose another --output")
     with atomic_directory(output) as build:
-        save_file({k: v.to(torch.float32).contiguous() for k, v in state.items()},
-                  str(build / "model.safetensors"), metadata={"format": "pt"})
+        safetensors.save_file({k: v.to(torch.float32).contiguous() for k, v in state.items()},
+                              str(build / "model.safetensors"), metadata={"format": "pt"})
         _write_json(build / "config.json", config)
         _write_json(build / "generation_config.json",
                     generation_config(model.config, translator.decoding))

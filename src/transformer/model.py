@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import key_padding_mask
-from .blocks import ACTIVATIONS, DecoderBlock, EncoderBlock, LayerCache
+from .blocks import FFN_ACTIVATIONS, DecoderBlock, EncoderBlock, LayerCache
 from .errors import ConfigError
 from .ops import Dropout, Linear
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -92,8 +92,8 @@ class ModelConfig(Hyperparameters):
             if not _is_int(value) or not 0 <= value < min(self.src_vocab_size,
                                                           self.tgt_vocab_size):
                 raise ConfigError(f"model.{name} must be a valid token id, got {value!r}")
-        if self.activation not in ACTIVATIONS:
-            raise ConfigError(f"model.activation must be one of {', '.join(ACTIVATIONS)}, "
+        if self.activation not in FFN_ACTIVATIONS:
+            raise ConfigError(f"model.activation must be one of {', '.join(FFN_ACTIVATIONS)}, "
                               f"got {self.activation!r}")
         if not isinstance(self.output_bias, bool):
             raise ConfigError(f"model.output_bias must be true or false, got "

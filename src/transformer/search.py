@@ -1,12 +1,12 @@
 """Decoding: beam search and sampling over the model's key/value cache, and
 `search_corpus`, the one path that decodes many sentences (training validation, the
 Translator, evaluation): sorted longest first, packed into token-bounded batches
-(`batching.pack`), returned in input order, with the settings of `DecodingSettings`.
+(`batching.pack`), returned in input order, as a `decoding.DecodingRequest` asks.
 
 Each step feeds only the newest token; the decoder's self-attention keys/values grow in a
 preallocated cache (`attention.KVCache`), and the encoder-decoder keys/values are projected
-once per sentence and shared by its beams. `use_cache=False` re-runs the decoder over the
-whole prefix instead (the reference for tests and benchmarks).
+once per sentence and shared by its beams. A request's `use_cache=False` re-runs the decoder
+over the whole prefix instead (the reference for tests and benchmarks).
 
 Conventions shared by both searches:
 - The output of a sentence is at most `max_len = a * source_len + b` tokens, EOS not counted
@@ -31,7 +31,7 @@ and CTranslate2 search:
   best reach `s / lp(max_len + 1)`. All finished hypotheses are ranked by their GNMT score.
 - Finished sentences leave the batch (their rows are dropped from the caches).
 
-Sampling (`Sampling`, `sample_search`) draws each token instead (back-translation); top-k 1
+Sampling (`decoding.Sampling`, `sample_search`) draws each token instead (back-translation); top-k 1
 is greedy search. With `parallel` CPU threads, `decode_batches` searches that many batches
 at once, one thread each.
 """
@@ -49,9 +49,10 @@ from torch.nn import functional as F
 from .batching import pad_rows, sorted_batches
 from .blocks import LayerCache
 from .config import DecodingSettings
+from .decoding import DecodingRequest, Sampling
 from .model import Transformer, eval_mode
 
-__all__ = ["DEFAULT_ALPHA", "DEFAULT_MAX_TOKENS", "Hypothesis", "Sampling",
+__all__ = ["DEFAULT_ALPHA", "DEFAULT_MAX_TOKENS", "Hypothesis", "GREEDY", "draw",
            "length_penalty", "max_output_lengths", "sample_search", "beam_search",
            "pad_prefixes", "search_corpus", "decode_batches"]
 
@@ -112,72 +113,54 @@ def _select_cache(cache: list[LayerCache] | None, rows: Tensor,
             layer.cross_attention.reorder(sentences)
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """Random sampling instead of beam search (back-translation): each step draws the next
-    token from the model's distribution at `temperature`, among the `topk` most likely
-    tokens (0: no limit) and within the smallest set of most likely tokens whose probability
-    reaches `topp` (1.0: no limit). `topk=1` is greedy search. `seed` fixes the draws (for
-    the same sentences, batched the same way)."""
+def draw(sampling: Sampling, logits: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One token per row of logits (rows, vocab) -> (rows,), drawn as `sampling` says, by
+    inverse transform sampling over the candidates: one uniform number per row
+    (`torch.multinomial` draws one per row and token)."""
+    if sampling.topk == 1:
+        return logits.argmax(-1)
+    if sampling.topk > 0:  # the k most likely tokens, most likely first
+        values, tokens = logits.topk(min(sampling.topk, logits.shape[1]), dim=-1)
+    elif sampling.topp < 1:
+        values, tokens = logits.sort(-1, descending=True)
+    else:
+        values, tokens = logits, None
+    values = values / sampling.temperature
+    if sampling.topp < 1:  # out: candidates after the first whose cumulative probability >= p
+        probs = values.softmax(-1)
+        values = values.masked_fill(probs.cumsum(-1) - probs >= sampling.topp, float("-inf"))
+    cdf = values.softmax(-1).cumsum(-1)  # (rows, candidates)
+    u = torch.rand(len(cdf), 1, generator=generator, device=cdf.device) * cdf[:, -1:]
+    choice = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[1] - 1)  # (rows, 1)
+    return (choice if tokens is None else tokens.gather(1, choice)).squeeze(1)
 
-    topk: int = 0
-    topp: float = 1.0
-    temperature: float = 1.0
-    seed: int = 0
 
-    def __post_init__(self) -> None:
-        if self.topk < 0:
-            raise ValueError(f"sampling_topk must be >= 0 (0: no limit), got {self.topk}")
-        if not 0 < self.topp <= 1:
-            raise ValueError(f"sampling_topp must be in (0, 1], got {self.topp}")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
-
-    def draw(self, logits: Tensor, generator: torch.Generator | None) -> Tensor:
-        """One token per row of logits (rows, vocab) -> (rows,), by inverse transform
-        sampling over the candidates: one uniform number per row (`torch.multinomial` draws
-        one per row and token)."""
-        if self.topk == 1:
-            return logits.argmax(-1)
-        if self.topk > 0:  # the k most likely tokens, most likely first
-            values, tokens = logits.topk(min(self.topk, logits.shape[1]), dim=-1)
-        elif self.topp < 1:
-            values, tokens = logits.sort(-1, descending=True)
-        else:
-            values, tokens = logits, None
-        values = values / self.temperature
-        if self.topp < 1:  # out: candidates after the first whose cumulative probability >= p
-            probs = values.softmax(-1)
-            values = values.masked_fill(probs.cumsum(-1) - probs >= self.topp, float("-inf"))
-        cdf = values.softmax(-1).cumsum(-1)  # (rows, candidates)
-        u = torch.rand(len(cdf), 1, generator=generator, device=cdf.device) * cdf[:, -1:]
-        choice = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[1] - 1)  # (rows, 1)
-        return (choice if tokens is None else tokens.gather(1, choice)).squeeze(1)
+GREEDY = Sampling(topk=1)
 
 
 @torch.no_grad()
-def sample_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
-                  sampling: Sampling = Sampling(topk=1),
-                  generator: torch.Generator | None = None, alpha: float = DEFAULT_ALPHA,
-                  max_len_a: float = 1.5, max_len_b: int = 10, prefix: Tensor | None = None,
-                  use_cache: bool = True) -> list[Hypothesis]:
-    """Translate a batch one token at a time, each drawn by `sampling` (by default the most
-    likely one: greedy search) -> one hypothesis per sentence. Its log-prob is the model's,
-    whatever the temperature. `prefix` (batch, longest) holds tokens each output must begin
-    with, -1 after a sentence's own (see `pad_prefixes`)."""
+def sample_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
+                  request: DecodingRequest = DecodingRequest(beam_size=1), *,
+                  generator: torch.Generator | None = None,
+                  prefix: Tensor | None = None) -> list[Hypothesis]:
+    """Translate a batch one token at a time, each drawn by `request.sampling` (None: the
+    most likely one, greedy search) -> one hypothesis per sentence. Its log-prob is the
+    model's, whatever the temperature. `prefix` (batch, longest) holds tokens each output
+    must begin with, -1 after a sentence's own (see `pad_prefixes`)."""
+    sampling, alpha = request.sampling or GREEDY, request.alpha
     start, eos = model.config.start_id, model.config.eos_id
-    max_lens, prefix, prefix_lens = _limits(model, src_valid_lens, max_len_a, max_len_b, prefix)
+    max_lens, prefix, prefix_lens = _limits(model, src_valid_lens, request, prefix)
     outputs: list[Hypothesis] = [Hypothesis([], 0.0, 0.0)] * src.shape[0]
     with eval_mode(model):
         enc_outputs = model.encode(src, src_valid_lens)
-        cache = model.new_cache() if use_cache else None
+        cache = model.new_cache() if request.use_cache else None
         tokens = torch.full((src.shape[0], 1), start, dtype=torch.long, device=src.device)
         log_probs = torch.zeros(src.shape[0], device=src.device)
         sentence = torch.arange(src.shape[0], device=src.device)  # original index of each row
         for step in range(int(max_lens.max()) + 1):
             logits = _next_logits(model, tokens, enc_outputs, src_valid_lens, cache)
             forced = _forced(step, max_lens, prefix, prefix_lens, eos)  # (rows,)
-            next_tokens = torch.where(forced >= 0, forced, sampling.draw(logits, generator))
+            next_tokens = torch.where(forced >= 0, forced, draw(sampling, logits, generator))
             log_probs += torch.log_softmax(logits, -1, out=logits).gather(
                 1, next_tokens[:, None]).squeeze(1)  # in place, as beam search
             tokens = torch.cat([tokens, next_tokens[:, None]], 1)  # (rows, 2 + step)
@@ -200,11 +183,11 @@ def sample_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
     return outputs
 
 
-def _limits(model: Transformer, src_valid_lens: Tensor, max_len_a: float, max_len_b: int,
+def _limits(model: Transformer, src_valid_lens: Tensor, request: DecodingRequest,
             prefix: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """-> each sentence's length limit (at least its prefix), the prefix (batch, P >= 1),
     -1 padded, and its lengths (batch,)."""
-    max_lens = max_output_lengths(src_valid_lens, max_len_a, max_len_b,
+    max_lens = max_output_lengths(src_valid_lens, request.max_len_a, request.max_len_b,
                                   model.config.max_positions)  # (batch,)
     if prefix is None:
         prefix = torch.full((len(src_valid_lens), 1), -1, device=src_valid_lens.device)
@@ -230,26 +213,21 @@ def pad_prefixes(prefixes: Sequence[Sequence[int]], device: torch.device) -> Ten
 
 
 @torch.no_grad()
-def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
-                beam_size: int = 5, nbest: int = 1, alpha: float = DEFAULT_ALPHA,
-                max_len_a: float = 1.5, max_len_b: int = 10, prefix: Tensor | None = None,
-                use_cache: bool = True) -> list[list[Hypothesis]]:
-    """Translate a batch with beam search -> the `nbest` best hypotheses per sentence,
-    best first (see the module docstring for the search and stopping rule). `prefix`
-    (batch, longest), -1 padded: tokens each output must begin with (`pad_prefixes`)."""
-    if beam_size < 1 or not 1 <= nbest <= beam_size:
-        raise ValueError(f"need beam_size >= 1 and 1 <= nbest <= beam_size, got "
-                         f"beam_size={beam_size}, nbest={nbest}")
-    if alpha < 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha}")
-    k, device = beam_size, src.device
+def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
+                request: DecodingRequest = DecodingRequest(), *,
+                prefix: Tensor | None = None) -> list[list[Hypothesis]]:
+    """Translate a batch with beam search -> the `request.nbest` best hypotheses per
+    sentence, best first (see the module docstring for the search and stopping rule).
+    `prefix` (batch, longest), -1 padded: tokens each output must begin with
+    (`pad_prefixes`)."""
+    k, nbest, alpha, device = request.beam_size, request.nbest, request.alpha, src.device
     start, eos = model.config.start_id, model.config.eos_id
     num_sentences = src.shape[0]
     finished: list[list[Hypothesis]] = [[] for _ in range(num_sentences)]  # best first
     # Per active sentence (a): original index, length limit, hypotheses finished so far
     # and the nbest-th best of their scores.
     sentence = torch.arange(num_sentences, device=device)
-    max_lens, prefix, prefix_lens = _limits(model, src_valid_lens, max_len_a, max_len_b, prefix)
+    max_lens, prefix, prefix_lens = _limits(model, src_valid_lens, request, prefix)
     num_finished = torch.zeros(num_sentences, dtype=torch.long, device=device)
     kth_score = torch.full((num_sentences,), float("-inf"), device=device)
     scores = torch.zeros(num_sentences, 1, device=device)  # (a, rows per sentence)
@@ -259,7 +237,7 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor, *,
         # rows a * k + j. The encoder outputs and the cross-attention cache keep one row
         # per sentence: the decoder reads a sentence's rows as one row of k queries there.
         enc_outputs = model.encode(src, src_valid_lens)
-        cache = model.new_cache() if use_cache else None
+        cache = model.new_cache() if request.use_cache else None
         tokens = torch.full((num_sentences, 1), start, dtype=torch.long, device=device)
         for step in range(int(max_lens.max()) + 1):
             num_active, width = scores.shape
@@ -365,40 +343,33 @@ def _collect(finished: list[list[Hypothesis]], kth_score: Tensor, ended: Tensor,
             kth_score[a] = hyps[nbest - 1].score
 
 
-def search_corpus(model: Transformer, sources: Sequence[Sequence[int]], *,
-                  settings: DecodingSettings = DecodingSettings(), nbest: int = 1,
-                  sampling: Sampling | None = None,
+def search_corpus(model: Transformer, sources: Sequence[Sequence[int]],
+                  request: DecodingRequest = DecodingRequest(), *,
                   prefixes: Sequence[Sequence[int]] | None = None,
-                  max_tokens: int = DEFAULT_MAX_TOKENS, use_cache: bool = True,
+                  max_tokens: int = DEFAULT_MAX_TOKENS,
                   on_progress: Callable[[int], None] | None = None
                   ) -> list[list[Hypothesis]]:
-    """Beam search (or, with `sampling`, `sample_search`) over many sentences, in input
-    order: the one decoding path of validation, translation and evaluation (batched by
-    `decode_batches`). `sources` are source ids with EOS appended; `prefixes`, target ids
+    """Beam search (or, with `request.sampling`, `sample_search`) over many sentences, in
+    input order: the one decoding path of validation, translation and evaluation (batched
+    by `decode_batches`). `sources` are source ids with EOS appended; `prefixes`, target ids
     each output must begin with (one list per source, [] for none). `beam_size=1` is
     greedy search. Sampling draws from one generator seeded with `sampling.seed`."""
     device = model.device
-    options = dict(alpha=settings.alpha, max_len_a=settings.max_len_a,
-                   max_len_b=settings.max_len_b, use_cache=use_cache)
 
     def search(batch: list[int]) -> list[list[Hypothesis]]:
         src, src_valid_lens = pad_rows([sources[i] for i in batch], model.config.pad_id,
                                        device)
         prefix = None if prefixes is None else pad_prefixes([prefixes[i] for i in batch],
                                                             device)
-        if sampling is not None:  # a batch's draws depend on the seed and the batch only
+        if request.sampling is not None:  # a batch's draws depend on the seed and the batch
             generator = torch.Generator(device).manual_seed(
-                hash((sampling.seed, batch[0])) & 0x7FFF_FFFF_FFFF_FFFF)
-            return [[hyp] for hyp in sample_search(model, src, src_valid_lens,
-                                                   sampling=sampling, generator=generator,
-                                                   prefix=prefix, **options)]
-        return beam_search(model, src, src_valid_lens, beam_size=settings.beam_size,
-                           nbest=nbest, prefix=prefix, **options)
+                hash((request.sampling.seed, batch[0])) & 0x7FFF_FFFF_FFFF_FFFF)
+            return [[hyp] for hyp in sample_search(model, src, src_valid_lens, request,
+                                                   generator=generator, prefix=prefix)]
+        return beam_search(model, src, src_valid_lens, request, prefix=prefix)
 
-    if sampling is not None and nbest != 1:
-        raise ValueError(f"sampling gives one output per sentence, not nbest={nbest}")
     parallel = torch.get_num_threads() if device.type == "cpu" else 1
-    return decode_batches(sources, search, nbest=nbest, max_tokens=max_tokens,
+    return decode_batches(sources, search, nbest=request.nbest, max_tokens=max_tokens,
                           parallel=parallel, on_progress=on_progress)
 
 

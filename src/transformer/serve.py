@@ -6,10 +6,12 @@ Endpoints (errors are `{"error": "...", "field": "..."}` with a 4xx/5xx status):
 
 - `POST /translate` `{"text": [...], "beam_size": 5, "nbest": 1}` -> `{"translations": [...]}`
   in input order; with `nbest > 1` each translation is a list of `{"text", "score"}`.
-  Optional fields: `sampling_topk`, `sampling_topp`, `temperature`, `seed` (sampling instead
-  of beam search), `prefix` (one string per sentence that its translation must begin with)
-  and `alignment: true` (`"alignments": ["0-0 1-2", ...]`, or an `"alignment"` per n-best
-  entry).
+  The other fields are `transformer translate`'s options under the same names (one
+  `decoding.DecodingRequest`): `alpha`, `max_len_a`, `max_len_b`; `sampling_topk`,
+  `sampling_topp`, `temperature`, `seed` (sampling instead of beam search); `prefix` (one
+  string per sentence that its translation must begin with); `alignment: true`
+  (`"alignments": ["0-0 1-2", ...]`, or an `"alignment"` per n-best entry), with
+  `alignment_layer` and `alignment_head`. A bad option is a 422 naming its field.
 - `POST /attention` `{"text": "..."}` -> the sentence's translation, its SentencePiece pieces
   and every attention layer's per-head weights, teacher-forced on that translation (the torch
   engine only; another engine answers 501).
@@ -33,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,15 +46,15 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from .alignment import AlignmentOptions, format_alignment
+from .alignment import format_alignment
 from .attention_maps import KINDS, attention_layers, attention_maps, axis_labels
+from .decoding import DecodingRequest, RequestError
 from .errors import TransformerError
-from .search import Sampling
 from .translator import BaseTranslator, Translation, Translator
 
 __all__ = ["MAX_SENTENCES", "MAX_CHARS", "MAX_BEAM", "MAX_BODY_BYTES", "TranslateRequest",
            "AttentionRequest", "ApiError", "read_request", "source_tokens", "BatchLimits",
-           "DecodeOptions", "Batcher", "decode_options", "translate_response",
+           "Batcher", "check_prefixes", "translate_response",
            "attention_report", "server_info", "create_app"]
 
 log = logging.getLogger(__name__)
@@ -67,34 +69,37 @@ MAX_BODY_BYTES = 512 * 1024  # room for 64 x 1,000 characters, even as \uXXXX es
 # ---- requests -------------------------------------------------------------------------------
 
 Sentence = Annotated[str, StringConstraints(max_length=MAX_CHARS)]
-BeamSize = Annotated[int, Field(ge=1, le=MAX_BEAM)]
+BeamSize = Annotated[int, Field(le=MAX_BEAM)]  # the server's limit; the rest: DecodingRequest
 
 
 class TranslateRequest(BaseModel):
-    """The body of POST /translate."""
+    """The body of POST /translate: the sentences, their prefixes, and the decoding options
+    of `transformer translate` under the same names (`decoding.DecodingRequest.from_options`
+    checks them; only their types and the server's own limits are checked here)."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
     text: Annotated[list[Sentence], Field(min_length=1, max_length=MAX_SENTENCES)]
-    beam_size: BeamSize | None = None  # None: the translator's default
-    nbest: BeamSize = 1
-    # Sampling (`search.Sampling`) instead of beam search when any of these is given.
-    sampling_topk: Annotated[int, Field(ge=0)] | None = None
-    sampling_topp: Annotated[float, Field(gt=0, le=1)] | None = None
-    temperature: Annotated[float, Field(gt=0)] | None = None
-    seed: int | None = None
     # One per sentence: text its translation must begin with ("" for none).
     prefix: Annotated[list[Sentence], Field(min_length=1, max_length=MAX_SENTENCES)] | None = None
+    beam_size: BeamSize | None = None  # None: the translator's default
+    nbest: BeamSize = 1
+    alpha: float | None = None
+    max_len_a: float | None = None
+    max_len_b: int | None = None
+    # Sampling (`decoding.Sampling`) instead of beam search when any of these is given.
+    sampling_topk: int | None = None
+    sampling_topp: float | None = None
+    temperature: float | None = None
+    seed: int | None = None
     alignment: bool = False  # also the word alignment of each translation ("0-0 1-2")
+    alignment_layer: int | None = None
+    alignment_head: int | None = None
 
-    def sampling(self) -> Sampling | None:
-        """The sampling options asked for, or None (beam search)."""
-        if self.sampling_topk is None and self.sampling_topp is None and self.temperature is None:
-            if self.seed is not None:
-                raise ApiError(422, "seed: it seeds sampling; give sampling_topk, "
-                                    "sampling_topp or temperature too", "seed")
-            return None
-        return Sampling(topk=self.sampling_topk or 0, topp=self.sampling_topp or 1.0,
-                        temperature=self.temperature or 1.0, seed=self.seed or 0)
+    def decoding(self, translator: BaseTranslator) -> DecodingRequest:
+        """The decoding request over the translator's defaults (422 naming the field)."""
+        options = self.model_dump(exclude={"text", "prefix"})
+        return _checked(lambda: translator.request(
+            DecodingRequest.from_options(translator.decoding, **options)))
 
 
 class AttentionRequest(BaseModel):
@@ -103,6 +108,10 @@ class AttentionRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     text: Annotated[Sentence, StringConstraints(min_length=1)]
     beam_size: BeamSize | None = None
+
+    def decoding(self, translator: BaseTranslator) -> DecodingRequest:
+        """The decoding request over the translator's defaults (422 naming the field)."""
+        return _checked(lambda: translator.request(beam_size=self.beam_size))
 
 
 class ApiError(TransformerError):
@@ -114,6 +123,14 @@ class ApiError(TransformerError):
 
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
+
+
+def _checked(build: Callable[[], DecodingRequest]) -> DecodingRequest:
+    """`build()`, its `RequestError` answered as a 422 naming the field."""
+    try:
+        return build()
+    except RequestError as e:
+        raise ApiError(422, e.message(str), e.field) from None
 
 
 async def read_request(request: Request, model: type[RequestModel]) -> RequestModel:
@@ -174,22 +191,11 @@ class BatchLimits:
     max_queue: int = 1024
 
 
-@dataclass(frozen=True)
-class DecodeOptions:
-    """A request's decoding options: those of `BaseTranslator.translations` besides the
-    lines and their prefixes."""
-
-    beam_size: int
-    nbest: int = 1
-    sampling: Sampling | None = None
-    alignment: bool = False
-
-
 @dataclass
 class _Job:
     lines: list[str]
     prefixes: list[str] | None
-    options: DecodeOptions
+    request: DecodingRequest
     tokens: int
     future: asyncio.Future = field(repr=False)
 
@@ -197,7 +203,7 @@ class _Job:
     def key(self) -> Any:
         """Jobs share a `translations` call only with the same decoding options; a sampling
         job goes alone, so that its seed gives the same draws whatever else arrives."""
-        return self.options if self.options.sampling is None else id(self)
+        return self.request if self.request.sampling is None else id(self)
 
 
 @dataclass
@@ -235,9 +241,9 @@ class Batcher:
             _settle(job, error=ApiError(503, "the server is shutting down"))
 
     async def translate(self, lines: list[str], prefixes: list[str] | None,
-                        options: DecodeOptions, tokens: int) -> list[list[Translation]]:
+                        request: DecodingRequest, tokens: int) -> list[list[Translation]]:
         """Queue the lines and wait for their n-best lists, in input order."""
-        job = _Job(lines, prefixes, options, tokens, asyncio.get_running_loop().create_future())
+        job = _Job(lines, prefixes, request, tokens, asyncio.get_running_loop().create_future())
         try:
             self._queue.put_nowait(job)
         except asyncio.QueueFull:
@@ -251,7 +257,8 @@ class Batcher:
             jobs = await self._gather()
             try:
                 results = await loop.run_in_executor(self.executor, self._translate, jobs)
-            except Exception as e:  # one bad batch must not stop the server
+            except Exception as e:  # any: one bad batch must not stop the server (each of
+                # its requests gets a 500 naming the error; the next batch goes on)
                 log.exception("translating a batch of %d requests failed", len(jobs))
                 self.stats.failed_batches += 1
                 error = ApiError(500, f"translation failed: {type(e).__name__}: {e}")
@@ -303,10 +310,7 @@ class Batcher:
         prefixes = None
         if any(job.prefixes is not None for job in jobs):
             prefixes = [p for job in jobs for p in (job.prefixes or [""] * len(job.lines))]
-        options = jobs[0].options
-        scored = self.translator.translations(
-            lines, beam_size=options.beam_size, nbest=options.nbest, sampling=options.sampling,
-            prefixes=prefixes, alignment=AlignmentOptions() if options.alignment else None)
+        scored = self.translator.translations(lines, jobs[0].request, prefixes=prefixes)
         self.stats.batches += 1
         self.stats.sentences += len(lines)
         results, start = [], 0
@@ -326,34 +330,24 @@ def _settle(job: _Job, *, result: Any = None, error: Exception | None = None) ->
         job.future.set_result(result)
 
 
-def decode_options(translator: BaseTranslator, body: TranslateRequest) -> DecodeOptions:
-    """The request's decoding options, checked against each other (422 naming the field)."""
-    sampling = body.sampling()
-    beam_size = body.beam_size or translator.decoding.beam_size
-    if sampling is not None and body.beam_size not in (None, 1):
-        raise ApiError(422, "beam_size: sampling draws one translation per sentence; leave "
-                            "beam_size out", "beam_size")
-    if sampling is not None and body.nbest > 1:
-        raise ApiError(422, "nbest: sampling draws one translation per sentence", "nbest")
-    if body.nbest > beam_size:
-        raise ApiError(422, f"nbest ({body.nbest}) must be at most the beam size "
-                            f"({beam_size})", "nbest")
+def check_prefixes(body: TranslateRequest) -> None:
+    """One prefix per sentence, where prefixes are given (422 naming the field)."""
     if body.prefix is not None and len(body.prefix) != len(body.text):
         raise ApiError(422, f"prefix: {len(body.prefix)} prefixes for {len(body.text)} "
                             f"sentences; give one per sentence (\"\" for none)", "prefix")
-    return DecodeOptions(1 if sampling else beam_size, body.nbest, sampling, body.alignment)
 
 
 def translate_response(results: list[list[Translation]],
-                       options: DecodeOptions) -> dict[str, Any]:
+                       request: DecodingRequest) -> dict[str, Any]:
     """The body answering /translate: translations (strings, or n-best lists of text and
-    score), and with `alignment` their word alignments in the same shape."""
-    if options.nbest == 1:
+    score), and with alignments their word alignments in the same shape."""
+    aligned = request.alignment is not None
+    if request.nbest == 1:
         answer: dict[str, Any] = {"translations": [hyps[0].text for hyps in results]}
-        if options.alignment:
+        if aligned:
             answer["alignments"] = [format_alignment(hyps[0].alignment) for hyps in results]
         return answer
-    return {"translations": [[_scored(t, options.alignment) for t in hyps] for hyps in results]}
+    return {"translations": [[_scored(t, aligned) for t in hyps] for hyps in results]}
 
 
 def _scored(translation: Translation, alignment: bool) -> dict[str, Any]:
@@ -366,13 +360,13 @@ def _scored(translation: Translation, alignment: bool) -> dict[str, Any]:
 # ---- attention and info ---------------------------------------------------------------------
 
 def attention_report(translator: Translator, text: str,
-                     beam_size: int | None = None) -> dict[str, Any]:
+                     request: DecodingRequest | None = None) -> dict[str, Any]:
     """Translate `text`, then every attention layer's weights teacher-forced on that
     translation (`attention_maps.attention_maps`): per layer its kind, block index, the
     original indices of its remaining heads (pruned heads are absent) and the weights,
     (heads, queries, keys) as nested lists. `labels[kind]` names the queries and keys with
     SentencePiece pieces (`attention_maps.axis_labels`)."""
-    translation = translator.translate([text], beam_size=beam_size)[0]
+    translation = translator.translate([text], request)[0]
     tokenizers = translator.tokenizers
     src_ids = tokenizers.src.encode(text)[:translator.max_source_tokens]
     tgt_ids = tokenizers.tgt.encode(translation)
@@ -454,10 +448,11 @@ def create_app(translator: BaseTranslator, batching: BatchLimits = BatchLimits()
     @app.post("/translate", openapi_extra=_body_schema(TranslateRequest))
     async def translate(request: Request) -> dict[str, Any]:
         body = await read_request(request, TranslateRequest)
-        options = decode_options(translator, body)
+        decoding = body.decoding(translator)
+        check_prefixes(body)
         tokens = sum(source_tokens(translator, body.text))
-        results = await state["batcher"].translate(body.text, body.prefix, options, tokens)
-        return translate_response(results, options)
+        results = await state["batcher"].translate(body.text, body.prefix, decoding, tokens)
+        return translate_response(results, decoding)
 
     @app.post("/attention", openapi_extra=_body_schema(AttentionRequest))
     async def attention(request: Request) -> dict[str, Any]:
@@ -467,10 +462,11 @@ def create_app(translator: BaseTranslator, batching: BatchLimits = BatchLimits()
         body = await read_request(request, AttentionRequest)
         if not body.text.strip():
             raise ApiError(422, "text: the sentence is blank", "text")
+        decoding = body.decoding(translator)
         source_tokens(translator, [body.text])
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(executor, attention_report, translator, body.text,
-                                          body.beam_size)
+                                          decoding)
 
     return app
 

@@ -2,8 +2,8 @@
 
 A store is a directory, written once by `StoreWriter` and then only read:
 
-    meta.json         format version, id dtype, counts, and what the store was built from
-                      (the source files' fingerprints and the tokenizers')
+    meta.json         format version, id dtype, counts, vocabulary size, and what the store
+                      was built from (the source files' fingerprints and the tokenizers')
     src.bin, tgt.bin  token ids (uint16 when the vocabulary fits, else int32), sentence after
                       sentence, without BOS/EOS
     src.idx, tgt.idx  int64 offsets, pairs + 1 of them: sentence i is ids[off[i]:off[i + 1]]
@@ -11,12 +11,14 @@ A store is a directory, written once by `StoreWriter` and then only read:
 
 The writer streams chunks into a temporary directory beside the store and renames it into
 place only when it is complete, so a store exists whole or not at all. `ParallelCorpus.open`
-checks every file's size against meta.json, then maps the files; a batch's token ids and line
-numbers are copied out with positional reads (`_read_rows`), so a process holds only the
-offsets it touched and the batch itself, whatever the corpus's size, while the operating
-system's page cache holds the store once for all the processes that read it (the ranks of a
-node). Validation and test splits, and text encoded on the fly (`ParallelCorpus.encode`),
-use the same class with arrays in memory.
+checks every file's size against meta.json and that the offsets never decrease, then maps
+the files; a batch's token ids and line numbers are copied out with positional reads
+(`_read_rows`), so a process holds only the offsets it touched and the batch itself,
+whatever the corpus's size, while the operating system's page cache holds the store once for
+all the processes that read it (the ranks of a node). The ids read are checked against the
+vocabulary size: a damaged file is a `DataError`, not an embedding index out of range.
+Validation and test splits, and text encoded on the fly (`ParallelCorpus.encode`), use the
+same class with arrays in memory.
 
 Token layout of a `Batch`: the source with EOS appended (`x + [EOS]`), the target shifted
 (`tgt_in = [BOS] + y`, `tgt_out = y + [EOS]`), padded with PAD; the ids are the tokenizer's
@@ -163,6 +165,9 @@ class ParallelCorpus:
     tgt_text: list[str] | None = None
     path: Path | None = field(default=None, compare=False)  # the store, when mapped
     special_ids: SpecialIds = SpecialIds()  # the tokenizer's: how `collate` frames rows
+    # A mapped store's vocabulary size (meta.json): ids read from disk are checked against
+    # it, so a damaged file is reported rather than fed to the embedding.
+    vocab_size: int | None = field(default=None, compare=False)
 
     @classmethod
     def encode(cls, text: ParallelText, tokenizers: TokenizerPair,
@@ -198,11 +203,11 @@ class ParallelCorpus:
         for side in SIDES:
             arrays[f"{side}_ids"] = _map(directory / f"{side}.bin", dtype, meta[f"{side}_tokens"])
             arrays[f"{side}_offsets"] = _map(directory / f"{side}.idx", np.int64, n + 1)
-            if arrays[f"{side}_offsets"][-1] != meta[f"{side}_tokens"]:
-                raise DataError(f"{directory / f'{side}.idx'} does not match "
-                                f"{side}.bin ({_delete_hint(directory)})")
+            _check_offsets(directory / f"{side}.idx", arrays[f"{side}_offsets"],
+                           meta[f"{side}_tokens"])
         return cls(**arrays, all_lines=_map(directory / "lines.idx", np.int64, n),
-                   path=directory, special_ids=SpecialIds(**meta.get("special_ids", {})))
+                   path=directory, special_ids=meta["special_ids"],
+                   vocab_size=meta.get("vocab_size"))
 
     def __len__(self) -> int:
         return len(self.all_lines) if self.pairs is None else len(self.pairs)
@@ -238,7 +243,12 @@ class ParallelCorpus:
         starts = np.asarray(offsets[sentences])
         lens = np.asarray(offsets[sentences + 1]) - starts
         if self.path is not None and len(ids):
-            return _read_rows(self.path / f"{side}.bin", starts, lens, ids.dtype), lens
+            rows = _read_rows(self.path / f"{side}.bin", starts, lens, ids.dtype)
+            if self.vocab_size is not None and len(rows) and int(rows.max()) >= self.vocab_size:
+                raise DataError(f"{self.path / f'{side}.bin'} holds token id {int(rows.max())}, "
+                                f"outside the vocabulary of {self.vocab_size}; "
+                                f"{_delete_hint(self.path)}")
+            return rows, lens
         return ids[np.repeat(starts, lens) + _positions_in_rows(lens)], lens
 
     @property
@@ -258,7 +268,7 @@ class ParallelCorpus:
         kept = np.flatnonzero(keep)
         view = ParallelCorpus(self.src_ids, self.src_offsets, self.tgt_ids, self.tgt_offsets,
                               self.all_lines, self._sentences(kept), path=self.path,
-                              special_ids=self.special_ids)
+                              special_ids=self.special_ids, vocab_size=self.vocab_size)
         if self.src_text is not None:
             view.src_text = [self.src_text[i] for i in kept]
             view.tgt_text = [self.tgt_text[i] for i in kept]
@@ -309,22 +319,36 @@ def _delete_hint(directory: Path) -> str:
     return f"the store is damaged; delete {directory} and it will be rebuilt"
 
 
+ID_DTYPES = ("uint16", "int32")  # what `id_dtype` chooses
+
+
 def read_meta(directory: PathLike) -> dict[str, Any]:
     """The store's meta.json, after checking that every file has the size it records: a
-    truncated or damaged store raises `DataError` naming the file."""
+    truncated or damaged store raises `DataError` naming the file. Its `special_ids` are
+    returned as `SpecialIds`."""
     directory = Path(directory)
     try:
         meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
-        version, dtype, n = meta["version"], np.dtype(meta["dtype"]), int(meta["pairs"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        version = meta["version"]
+        if version == STORE_VERSION:
+            counts = [meta[key] for key in ("pairs", "src_tokens", "tgt_tokens")]
+            if meta["dtype"] not in ID_DTYPES or not all(
+                    type(c) is int and c >= 0 for c in counts):
+                raise ValueError(f"dtype {meta['dtype']!r}, counts {counts}")
+            meta["special_ids"] = SpecialIds(**meta.get("special_ids", {}))
+            vocab_size = meta.get("vocab_size")
+            if vocab_size is not None and (type(vocab_size) is not int or vocab_size < 1):
+                raise ValueError(f"vocab_size {vocab_size!r}")
+    except (OSError, ValueError, KeyError, TypeError) as e:  # also JSON that is no dict
         raise DataError(f"{directory / 'meta.json'}: unreadable store description ({e}); "
                         f"{_delete_hint(directory)}") from None
     if version != STORE_VERSION:
         raise DataError(f"{directory}: store version {version}, this package reads "
                         f"{STORE_VERSION}; delete it and it will be rebuilt")
+    dtype, n = np.dtype(meta["dtype"]), meta["pairs"]
     expected = {"lines.idx": 8 * n}
     for side in SIDES:
-        expected[f"{side}.bin"] = dtype.itemsize * int(meta[f"{side}_tokens"])
+        expected[f"{side}.bin"] = dtype.itemsize * meta[f"{side}_tokens"]
         expected[f"{side}.idx"] = 8 * (n + 1)
     for name, size in expected.items():
         path = directory / name
@@ -333,6 +357,21 @@ def read_meta(directory: PathLike) -> dict[str, Any]:
             found = "is missing" if actual is None else f"has {actual:,} bytes"
             raise DataError(f"{path} {found}, expected {size:,}; {_delete_hint(directory)}")
     return meta
+
+
+def _check_offsets(path: Path, offsets: np.ndarray, tokens: int) -> None:
+    """Offsets that start at 0, never decrease and end at the side's token count (a store
+    whose sizes agree can still hold garbled offsets); read in chunks."""
+    step = 1 << 20
+    ok = int(offsets[0]) == 0 and int(offsets[-1]) == tokens
+    for start in range(0, len(offsets) - 1, step):
+        if not ok:
+            break
+        chunk = np.asarray(offsets[start:start + step + 1])
+        ok = bool(np.all(chunk[1:] >= chunk[:-1]))
+    if not ok:
+        raise DataError(f"{path}: offsets out of order or not matching "
+                        f"{path.with_suffix('.bin').name}; {_delete_hint(path.parent)}")
 
 
 def _map(path: Path, dtype: Any, count: int) -> np.ndarray:
@@ -358,6 +397,7 @@ class StoreWriter:
         self.directory = Path(directory)
         self.tmp = self.directory.parent / f".{self.directory.name}.tmp-{os.getpid()}"
         self.dtype = id_dtype(vocab_size)
+        self.vocab_size = vocab_size
         self.pairs = 0
         self.tokens = dict.fromkeys(SIDES, 0)
         self._files: dict[str, Any] = {}
@@ -416,7 +456,7 @@ class StoreWriter:
         self._close()
         meta = {**meta, "version": STORE_VERSION, "dtype": self.dtype.name,
                 "pairs": self.pairs, "src_tokens": self.tokens["src"],
-                "tgt_tokens": self.tokens["tgt"]}
+                "tgt_tokens": self.tokens["tgt"], "vocab_size": self.vocab_size}
         with atomic_write(self.tmp / "meta.json", text=True) as f:
             json.dump(meta, f, indent=1)
         read_meta(self.tmp)  # the sizes agree before anyone can trust the store

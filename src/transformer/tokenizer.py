@@ -24,6 +24,7 @@ from typing import Any, Union
 
 import sentencepiece as spm
 
+from .errors import DataError
 from .files import atomic_write
 
 PAD_ID = 0
@@ -58,7 +59,7 @@ class SpecialIds:
         return frozenset((self.pad, self.start, self.eos))
 
 
-MODEL_TYPES = ("unigram", "bpe")
+SPM_MODEL_TYPES = ("unigram", "bpe")  # the SentencePiece algorithms `Tokenizer.train` offers
 
 # SentencePiece's unigram trainer sums floats across threads, so its result depends on the
 # thread count. A fixed count (not the machine's core count) keeps training deterministic.
@@ -70,6 +71,16 @@ PathLike = Union[str, "os.PathLike[str]"]
 def _encode_threads() -> int:
     """Threads for batched encoding (the result does not depend on this)."""
     return max(1, min(os.cpu_count() or 1, 16))
+
+
+def _processor(data: bytes) -> spm.SentencePieceProcessor:
+    """SentencePiece's processor of a serialized model proto; DataError when the bytes are
+    not one (SentencePiece's own error holds several lines of C++ context)."""
+    try:
+        return spm.SentencePieceProcessor(model_proto=data)
+    except RuntimeError as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+        raise DataError(f"unreadable SentencePiece model proto ({reason})") from None
 
 
 class Tokenizer:
@@ -93,7 +104,7 @@ class Tokenizer:
             "eos": processor.eos_id(),
         }
         if actual != expected:
-            raise ValueError(
+            raise DataError(
                 f"SentencePiece model has special ids {actual}, expected {expected} "
                 "(train it with Tokenizer.train)"
             )
@@ -133,8 +144,8 @@ class Tokenizer:
         `<unk>`, so any input decodes back to itself. `normalization="nmt_nfkc"` applies
         NFKC and collapses whitespace (decoded text is the normalized input).
         """
-        if model_type not in MODEL_TYPES:
-            raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+        if model_type not in SPM_MODEL_TYPES:
+            raise ValueError(f"model_type must be one of {SPM_MODEL_TYPES}, got {model_type!r}")
         buffer = io.BytesIO()
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(texts),
@@ -166,14 +177,18 @@ class Tokenizer:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"SentencePiece model not found: {path}")
-        if id_table is None:
-            return cls.from_bytes(path.read_bytes())
-        return cls.from_state({"spm": path.read_bytes(), **id_table})
+        try:
+            if id_table is None:
+                return cls.from_bytes(path.read_bytes())
+            return cls.from_state({"spm": path.read_bytes(), **id_table})
+        except (ValueError, TypeError) as e:  # DataError, or an id table of the wrong shape
+            raise DataError(f"{path}: not a usable SentencePiece model: {e}") from None
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Tokenizer:
-        """Load from a serialized model proto (as stored in checkpoints)."""
-        return cls(spm.SentencePieceProcessor(model_proto=data))
+        """Load from a serialized model proto (as stored in checkpoints); DataError when the
+        bytes are not one."""
+        return cls(_processor(data))
 
     def to_bytes(self) -> bytes:
         """The serialized SentencePiece model proto (without an id table)."""
@@ -192,8 +207,7 @@ class Tokenizer:
             return cls.from_bytes(state)
         if not isinstance(state, dict) or not {"spm", "pieces", "specials"} <= state.keys():
             raise ValueError("expected SentencePiece bytes or {spm, pieces, specials}")
-        processor = spm.SentencePieceProcessor(model_proto=state["spm"])
-        return cls(processor, state["pieces"], SpecialIds(**state["specials"]))
+        return cls(_processor(state["spm"]), state["pieces"], SpecialIds(**state["specials"]))
 
     def id_table(self) -> dict[str, Any] | None:
         """{"pieces": [...], "specials": {...}} when ids come from an id table (an imported

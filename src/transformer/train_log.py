@@ -33,7 +33,7 @@ class _TqdmHandler(logging.StreamHandler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             tqdm.write(self.format(record), file=sys.stderr)
-        except Exception:
+        except Exception:  # any, as StreamHandler.emit: logging must never stop the run
             self.handleError(record)
 
 

@@ -8,8 +8,10 @@ tokens of the whole update on all ranks (as fairseq does), so gradient accumulat
 GPUs only change the batch size. The loss is `loss.LabelSmoothedLoss` (the output projection
 fused into the label-smoothed cross-entropy); validation uses `loss.evaluate_loss` and decodes
 with `search.search_corpus`, the same functions the head tools and the Translator use.
-Everything else is PyTorch's own: `LambdaLR`, `torch.amp`, `clip_grad_norm_`, DDP with
-`no_sync()` while accumulating.
+The device, the process group, the precision and CUDA's switches come from `runtime`
+(`resolve_device` rejects a device this machine lacks before any work), the optimizer and its
+schedule from `optimizer` (PyTorch's Adam and `LambdaLR`). Everything else is PyTorch's own
+too: `torch.amp`, `clip_grad_norm_`, DDP with `no_sync()` while accumulating.
 
 The run directory holds `config.yaml` (resolved), `spm.model`, `checkpoints/`, TensorBoard
 event files and `train.log` (written by `train_log.TrainLog`); only rank 0 logs and writes.
@@ -27,13 +29,11 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 import sacrebleu
@@ -46,12 +46,22 @@ from tqdm import tqdm
 
 from . import checkpoint as ckpt
 from .attention_maps import encoder_decoder_figure
-from .config import DecodingSettings, ModelSettings, TrainConfig, load_config
+from .config import ModelSettings, TrainConfig, load_config
 from .data import Data, load_data
+from .decoding import DecodingRequest
 from .errors import CheckpointError, TrainingError, WriteError
 from .files import atomic_write
 from .loss import LabelSmoothedLoss, evaluate_loss
 from .model import ModelConfig, Transformer, eval_mode
+from .optimizer import build_optimizer, build_scheduler
+from .runtime import (
+    DistEnv,
+    configure_cuda,
+    init_distributed,
+    prefetched,
+    resolve_device,
+    resolve_precision,
+)
 from .search import search_corpus
 from .store import Batch
 from .train_log import TrainLog, ValidationMetrics, setup_logging
@@ -59,12 +69,9 @@ from .train_log import TrainLog, ValidationMetrics, setup_logging
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["TrainResult", "TrainState", "TrainClock", "Trainer", "ValidationReport", "train",
-           "lr_lambda", "decayed_parameters", "build_optimizer"]
+__all__ = ["TrainResult", "TrainState", "TrainClock", "Trainer", "ValidationReport", "train"]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-U = TypeVar("U")
 PathLike = Union[str, "os.PathLike[str]"]
 
 
@@ -100,151 +107,6 @@ class TrainResult:
     valid: ValidationMetrics | None = None  # the last validation's
 
 
-# ---- setup ------------------------------------------------------------------------------
-
-
-@dataclass
-class DistEnv:
-    """This process's place in a torchrun job (rank 0 of 1 without torchrun)."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    owns_group: bool = False  # we initialized the process group, so we destroy it
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
-
-def init_distributed(use_cuda: bool) -> DistEnv:
-    """Join the process group torchrun describes in the environment (gloo on CPU, nccl on
-    CUDA); a plain `python` run is a world of one."""
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        return DistEnv()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    owns = not dist.is_initialized()
-    if use_cuda:
-        torch.cuda.set_device(local_rank)
-    if owns:
-        dist.init_process_group("nccl" if use_cuda else "gloo")
-    return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, owns)
-
-
-def resolve_device(name: str, env: DistEnv) -> torch.device:
-    """`auto` -> CUDA if present, else CPU; under torchrun each rank takes its local GPU."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ValueError(f"trainer.device={name} but CUDA is not available")
-        return torch.device("cuda", env.local_rank) if env.distributed else torch.device(name)
-    return torch.device("cpu")
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 matrices natively: AVX512-BF16 or AMX tiles, as
-    PyTorch's CPU capability probes report them. Elsewhere oneDNN emulates bf16 through
-    float32 and autocast only slows training down."""
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
-
-
-@dataclass(frozen=True)
-class Precision:
-    """The autocast dtype of a run (None: float32) and why it was chosen, for the log."""
-
-    dtype: torch.dtype | None
-    why: str
-
-
-def resolve_precision(name: str, device: torch.device) -> Precision:
-    """`trainer.precision` on `device`. `auto`: bf16 on CUDA (fp16 where bf16 is missing);
-    on CPU bf16 where the CPU computes it natively (`cpu_has_native_bf16`), else float32."""
-    dtypes = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-    if name != "auto":
-        return Precision(dtypes[name], f"trainer.precision={name}")
-    if device.type == "cuda":
-        if torch.cuda.is_bf16_supported():
-            return Precision(torch.bfloat16, "auto: the GPU supports bf16")
-        return Precision(torch.float16, "auto: the GPU lacks bf16, fp16 with loss scaling")
-    if device.type == "cpu" and cpu_has_native_bf16():
-        return Precision(torch.bfloat16, "auto: the CPU has native bf16 (AVX512-BF16 or AMX)")
-    return Precision(None, f"auto: no native bf16 on {device.type}")
-
-
-def configure_cuda(tf32: bool, cudnn_attention: bool) -> str:
-    """Set PyTorch's process-wide CUDA math switches: TF32 for float32 matrix products
-    (10-bit mantissa products, float32 accumulation) and whether scaled_dot_product_attention
-    may choose cuDNN's kernel. CPU computation is untouched. Returns a line for the log."""
-    matmul = torch.backends.cuda.matmul
-    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9; the older flag is deprecated there
-        matmul.fp32_precision = "tf32" if tf32 else "ieee"
-    else:
-        matmul.allow_tf32 = tf32
-    torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
-    return (f"float32 matrix products {'TF32' if tf32 else 'IEEE float32'}, cuDNN attention "
-            f"{'allowed' if cudnn_attention else 'off'}")
-
-
-def lr_lambda(schedule: str, warmup_updates: int, max_updates: int | None = None,
-              cooldown_updates: int = 0) -> Callable[[int], float]:
-    """LambdaLR factor of the peak lr for the update after `num_updates` updates: linear
-    warmup to 1, then constant or 1/sqrt(update) decay (1 at the end of warmup); with
-    `cooldown_updates`, the last that many of `max_updates` decay linearly from there to
-    ~0 (a run of fixed length ends annealed instead of at a high lr)."""
-    warmup = max(1, warmup_updates)
-    if cooldown_updates and max_updates is None:
-        raise ValueError("a cooldown needs max_updates")
-
-    def base(step: int) -> float:
-        if step < warmup:
-            return step / warmup
-        return 1.0 if schedule == "constant" else math.sqrt(warmup / step)
-
-    def factor(num_updates: int) -> float:
-        step = num_updates + 1  # 1-based number of the update about to be made
-        if cooldown_updates:
-            start = max_updates - cooldown_updates  # last update at the full schedule
-            if step > start:
-                return base(max(start, 1)) * (max_updates + 1 - step) / (cooldown_updates + 1)
-        return base(step)
-
-    return factor
-
-
-def decayed_parameters(model: nn.Module) -> list[str]:
-    """Names of the parameters weight decay applies to: the weight matrices of the linear
-    layers (dim >= 2), not biases, LayerNorm gains or embeddings (nor an output projection
-    tied to an embedding), as nanoGPT's `configure_optimizers` chooses."""
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    return [name for name, p in model.named_parameters()  # a shared matrix appears once
-            if p.dim() >= 2 and id(p) not in embeddings]
-
-
-def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """Adam/AdamW, with the fused kernel where this PyTorch has one for the device (CPU:
-    torch >= 2.4). With `optim.weight_decay` > 0, two parameter groups: the decayed weight
-    matrices (`decayed_parameters`) and the rest, without decay."""
-    o = cfg.optim
-    cls = torch.optim.AdamW if o.name == "adamw" else torch.optim.Adam
-    params: list[Any] = list(model.parameters())
-    if o.weight_decay > 0:
-        decayed = set(decayed_parameters(model))
-        named = list(model.named_parameters())
-        params = [{"params": [p for n, p in named if n in decayed]},
-                  {"params": [p for n, p in named if n not in decayed], "weight_decay": 0.0}]
-    kwargs = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
-    try:
-        return cls(params, fused=True, **kwargs)
-    except RuntimeError:  # no fused kernel for these parameters' device
-        return cls(params, **kwargs)
-
-
 @dataclass
 class TrainClock:
     """Training time in seconds, summed over resumed runs: `offset` (what earlier runs
@@ -268,26 +130,6 @@ class _Agreement:
     stop: str | None  # "signal" or "max_time" if any rank must stop, else None
 
 
-def prefetched(make: Callable[[T], U], items: Sequence[T], depth: int) -> Iterator[U]:
-    """`make(item)` for each item, in order, computed up to `depth` items ahead on one
-    background thread (the next batches are collated while the model trains on this one);
-    depth 0 calls `make` here, on demand. Leaving the loop early cancels what is queued."""
-    if depth == 0:
-        yield from map(make, items)
-        return
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
-    try:
-        pending: deque[Future[U]] = deque()
-        for item in items:
-            pending.append(pool.submit(make, item))
-            if len(pending) > depth:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
 # ---- the trainer ------------------------------------------------------------------------
 
 
@@ -297,7 +139,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, run_dir: Path, env: DistEnv) -> None:
         self.cfg, self.run_dir, self.env = cfg, run_dir, env
         self.ckpt_dir = run_dir / "checkpoints"
-        self.device = resolve_device(cfg.trainer.device, env)
+        self.device = env.rank_device(resolve_device(cfg.trainer.device, "trainer.device"))
         self.precision = resolve_precision(cfg.trainer.precision, self.device)
         if self.device.type == "cuda":
             log.info("CUDA: %s", configure_cuda(cfg.trainer.tf32, cfg.trainer.cudnn_attention))
@@ -316,9 +158,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # the same initial model on every rank
         self.model = self._build_model(init, load_weights=resume is None).to(self.device)
         self.optimizer = build_optimizer(self.model, cfg)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(cfg.optim.schedule, cfg.optim.warmup_updates,
-                                      cfg.trainer.max_updates, cfg.optim.cooldown_updates))
+        self.scheduler = build_scheduler(self.optimizer, cfg)
         self.scaler = (torch.amp.GradScaler(self.device.type)
                        if self.precision.dtype == torch.float16 else None)
         self.state = TrainState()
@@ -647,9 +487,9 @@ class Trainer:
         t, corpus = self.cfg.trainer, self.data.valid
         n = min(len(corpus), t.bleu_max_sentences or len(corpus))
         sources = [corpus.pair(i)[0] + [self.model.config.eos_id] for i in range(n)]
-        settings = DecodingSettings(beam_size=1, max_len_a=t.decode_max_len_a,
-                                    max_len_b=t.decode_max_len_b)
-        hyps = search_corpus(self.model, sources, settings=settings,
+        request = replace(DecodingRequest(), beam_size=1, max_len_a=t.decode_max_len_a,
+                          max_len_b=t.decode_max_len_b)  # greedy, as the trainer config says
+        hyps = search_corpus(self.model, sources, request,
                              max_tokens=t.decode_max_tokens or self.cfg.data.max_tokens)
         return [self.data.tokenizers.tgt.decode(h[0].tokens) for h in hyps]
 
@@ -738,8 +578,7 @@ def stop_on_signals(trainer: Trainer) -> Iterator[None]:
 def train(cfg: TrainConfig, run_dir: PathLike) -> TrainResult:
     """Train (or resume) a model in `run_dir`; under torchrun, one call per rank."""
     cfg = load_config(cfg)
-    env = init_distributed(use_cuda=cfg.trainer.device.startswith("cuda")
-                           or (cfg.trainer.device == "auto" and torch.cuda.is_available()))
+    env = init_distributed(resolve_device(cfg.trainer.device, "trainer.device"))
     try:
         if env.distributed:  # Hydra's timestamped run dir could differ between ranks
             box = [str(run_dir)]

@@ -2,27 +2,26 @@
 
     translator = Translator.load("runs/x")          # -> runs/x/checkpoints/checkpoint_best.pt
     translator.translate(["A man rides a bike."], beam_size=5)        # -> ["Ein Mann ..."]
-    translator.translate(lines, nbest=3)            # -> [[(text, score), ...x3], ...]
+    translator.translations(lines, nbest=3)   # -> per line 3 Translations (text, score, ...)
+    translator.translations(lines, translator.request(nbest=3, alpha=2.0))   # the same object
 
 `BaseTranslator` is the interface every engine offers (ours here, CTranslate2's in
-`engines.py`), and all that `transformer translate`, the server and the export rely on. Also
-the pieces `transformer translate` is made of: chunked translation of a stream in input
-order, n-best formatting and sacrebleu scoring.
+`engines.py`), and all that `transformer translate`, the server and the export rely on. Every
+call decodes as one `decoding.DecodingRequest` says, built and checked once (`request`).
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, TextIO, Union
+from typing import Any, ClassVar, Union
 
 import torch
 
-from .alignment import AlignmentOptions, attention_weights, format_alignment, word_alignment
+from .alignment import attention_weights, word_alignment
 from .batching import sorted_batches
 from .checkpoint import (
     average_weights,
@@ -35,20 +34,20 @@ from .checkpoint import (
     tokenizers_from_state,
 )
 from .config import DecodingSettings, TrainConfig
+from .decoding import DecodingRequest
 from .errors import DataError
 from .loss import sentence_log_probs
 from .model import ModelConfig, Transformer
-from .search import DEFAULT_MAX_TOKENS, Hypothesis, Sampling, length_penalty, search_corpus
+from .runtime import resolve_device
+from .search import DEFAULT_MAX_TOKENS, Hypothesis, length_penalty, search_corpus
 from .store import ParallelCorpus
 from .tokenizer import TokenizerPair
 
-__all__ = ["Translation", "BaseTranslator", "Translator", "translate_lines", "score_lines",
-           "format_nbest", "format_output", "bleu_report", "paper_protocol"]
+__all__ = ["Translation", "BaseTranslator", "Translator"]
 
 log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
-Scored = list[tuple[str, float]]  # an n-best list: (translation, score), best first
 
 
 @dataclass(frozen=True)
@@ -59,12 +58,6 @@ class Translation:
     score: float  # log_prob / length_penalty(pieces + 1, alpha): how the search ranks
     log_prob: float  # the model's log-probability of the output, EOS included
     alignment: list[tuple[int, int]] | None = None  # (source word, output word), if asked
-
-
-def _device(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 class BaseTranslator(ABC):
@@ -115,54 +108,57 @@ class BaseTranslator(ABC):
         """The model's parameter count, where the engine can tell."""
         return None
 
-    def settings(self, **overrides: int | float | None) -> DecodingSettings:
-        """`self.decoding` with the given fields replaced; None keeps the default."""
-        return replace(self.decoding, **{k: v for k, v in overrides.items() if v is not None})
+    def request(self, request: DecodingRequest | None = None,
+                **options: Any) -> DecodingRequest:
+        """The request of one call, checked against this engine and model (`check`):
+        `request` with `options` (its fields) replaced, or without one, a request over this
+        translator's defaults (`DecodingRequest.over`: beam, alpha and length limits left
+        out or None keep `self.decoding`'s)."""
+        if request is None:
+            request = DecodingRequest.over(self.decoding, **options)
+        elif options:
+            request = replace(request, **options)
+        self.check(request)
+        return request
 
-    def translate(self, lines: Sequence[str], *, return_scores: bool = False, nbest: int = 1,
-                  **options: Any) -> list[str] | list[Scored]:
-        """Translate sentences, in input order: one string per line, or, with `nbest > 1`
-        or `return_scores`, one n-best list of (translation, score) per line (score: the
-        length-normalised log-prob of `search.beam_search`). `options` are those of
-        `translations`."""
-        results = self.translations(lines, nbest=nbest, **options)
-        if nbest == 1 and not return_scores:
-            return [sentence[0].text for sentence in results]
-        return [[(t.text, t.score) for t in sentence] for sentence in results]
+    def check(self, request: DecodingRequest) -> None:
+        """Raise `RequestError` for what this model cannot do: an alignment layer or head it
+        does not have. Engines add what they cannot do (and call this)."""
+        if request.alignment is not None:
+            c = self.model_config
+            layer = request.alignment.layer % c.num_decoder_layers
+            pruned = c.pruned_heads.get(f"decoder.blks.{layer}.attention2", [])
+            heads = [h for h in range(c.num_heads + len(pruned)) if h not in pruned]
+            request.alignment.check(c.num_decoder_layers, heads)
 
-    def translations(self, lines: Sequence[str], *, beam_size: int | None = None,
-                     nbest: int = 1, alpha: float | None = None,
-                     max_len_a: float | None = None, max_len_b: int | None = None,
-                     sampling: Sampling | None = None, prefixes: Sequence[str] | None = None,
-                     alignment: AlignmentOptions | None = None,
+    def translate(self, lines: Sequence[str], request: DecodingRequest | None = None,
+                  **options: Any) -> list[str]:
+        """Translate sentences -> the best translation of each line, in input order.
+        `request` and `options` are those of `translations`, which also gives n-best lists,
+        scores and alignments."""
+        return [sentence[0].text for sentence in self.translations(lines, request, **options)]
+
+    def translations(self, lines: Sequence[str], request: DecodingRequest | None = None, *,
+                     prefixes: Sequence[str] | None = None,
                      max_tokens: int = DEFAULT_MAX_TOKENS, line_offset: int = 0,
                      on_progress: Callable[[int], None] | None = None,
-                     use_cache: bool = True) -> list[list[Translation]]:
+                     **options: Any) -> list[list[Translation]]:
         """Translate sentences, in input order -> the `nbest` best `Translation`s per line.
 
-        Decoding options left at None take `self.decoding`'s values. `sampling` draws one
-        translation per line instead of searching (beam size and n-best do not apply).
-        `prefixes` (one string per line, "" for none): text each translation must begin
-        with. `alignment`: also align each translation's words to the source's. An empty
+        How to decode: `request`, with `options` (its fields, e.g. `beam_size=4`) replaced;
+        without a request, this translator's defaults (see `request`). `prefixes` (one
+        string per line, "" for none): text each translation must begin with. An empty
         (blank) line gives "" with score 0.0 without running the model. Lines are batched
         by length (`max_tokens` source tokens per batch, padding included). `line_offset`
         is added to line numbers in messages; `on_progress(n)` is called as sentences are
-        done. `use_cache=False` re-runs the decoder over the whole prefix at each step (our
-        PyTorch engine only; slow; for tests and benchmarks).
+        done.
         """
-        settings = self.settings(beam_size=beam_size, alpha=alpha, max_len_a=max_len_a,
-                                 max_len_b=max_len_b)
-        if sampling is not None and nbest != 1:
-            raise ValueError(f"sampling draws one translation per line, not nbest={nbest}")
-        if sampling is None and not 1 <= nbest <= settings.beam_size:
-            raise ValueError(f"need 1 <= nbest <= beam_size, got nbest={nbest}, "
-                             f"beam_size={settings.beam_size}")
+        request = self.request(request, **options)
         sources = self._encode(lines, line_offset)
         targets = None if prefixes is None else self._encode_prefixes(prefixes, len(lines))
-        hyps = self._search(sources, settings, nbest=nbest, sampling=sampling,
-                            prefixes=targets, alignment=alignment, max_tokens=max_tokens,
-                            use_cache=use_cache, on_progress=on_progress)
-        return [[self._translation(h, src, alignment is not None) for h in sentence]
+        hyps = self._search(sources, request, prefixes=targets, max_tokens=max_tokens,
+                            on_progress=on_progress)
+        return [[self._translation(h, src, request.alignment is not None) for h in sentence]
                 for sentence, src in zip(hyps, sources, strict=True)]
 
     def _encode_prefixes(self, prefixes: Sequence[str], num_lines: int) -> list[list[int]]:
@@ -197,7 +193,7 @@ class BaseTranslator(ABC):
         length like `translate`. A blank source is read as just EOS."""
         if len(sources) != len(targets):
             raise DataError(f"{len(sources)} sources but {len(targets)} translations to score")
-        alpha = self.settings(alpha=alpha).alpha
+        alpha = self.decoding.alpha if alpha is None else alpha
         eos = self.tokenizers.src.specials.eos
         src = [ids or [eos] for ids in self._encode(sources, line_offset)]
         tgt = self.tokenizers.tgt.encode_batch(list(targets))
@@ -215,13 +211,12 @@ class BaseTranslator(ABC):
         """Each target's log-probability (EOS included) given its source (ids with EOS)."""
 
     @abstractmethod
-    def _search(self, sources: list[list[int]], settings: DecodingSettings, *, nbest: int,
-                sampling: Sampling | None, prefixes: list[list[int]] | None,
-                alignment: AlignmentOptions | None, max_tokens: int, use_cache: bool,
+    def _search(self, sources: list[list[int]], request: DecodingRequest, *,
+                prefixes: list[list[int]] | None, max_tokens: int,
                 on_progress: Callable[[int], None] | None) -> list[list[Hypothesis]]:
-        """The engine's `search_corpus`: source ids (with EOS; [] for a blank line) ->
-        `nbest` hypotheses per sentence, in input order, each with its `attention` (output
-        pieces, source pieces + EOS) when `alignment` is given."""
+        """The engine's `search_corpus` for a checked request: source ids (with EOS; [] for
+        a blank line) -> `nbest` hypotheses per sentence, in input order, each with its
+        `attention` (output pieces, source pieces + EOS) when the request aligns."""
 
     def _encode(self, lines: Sequence[str], line_offset: int) -> list[list[int]]:
         """Source ids (pieces + EOS) per line, [] for a blank line; over-long lines are
@@ -259,7 +254,7 @@ class Translator(BaseTranslator):
                  training_config: TrainConfig | None = None):
         super().__init__(tokenizers, decoding=decoding,
                          training_config=training_config)
-        self.device = _device(device)
+        self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
 
     @property
@@ -302,117 +297,18 @@ class Translator(BaseTranslator):
                 log_probs[i] = value
         return log_probs
 
-    def _search(self, sources: list[list[int]], settings: DecodingSettings, *, nbest: int,
-                sampling: Sampling | None, prefixes: list[list[int]] | None,
-                alignment: AlignmentOptions | None, max_tokens: int, use_cache: bool,
+    def _search(self, sources: list[list[int]], request: DecodingRequest, *,
+                prefixes: list[list[int]] | None, max_tokens: int,
                 on_progress: Callable[[int], None] | None) -> list[list[Hypothesis]]:
-        hyps = search_corpus(self.model, sources, settings=settings, nbest=nbest,
-                             sampling=sampling, prefixes=prefixes, max_tokens=max_tokens,
-                             use_cache=use_cache, on_progress=on_progress)
-        if alignment is None:
+        hyps = search_corpus(self.model, sources, request, prefixes=prefixes,
+                             max_tokens=max_tokens, on_progress=on_progress)
+        if request.alignment is None:
             return hyps
         found = [(i, j) for i, sentence in enumerate(hyps) for j in range(len(sentence))
                  if sources[i]]
         weights = attention_weights(self.model, [sources[i] for i, _ in found],
-                                    [hyps[i][j].tokens for i, j in found], alignment,
-                                    max_tokens)
+                                    [hyps[i][j].tokens for i, j in found],
+                                    request.alignment, max_tokens)
         for (i, j), attention in zip(found, weights, strict=True):
             hyps[i][j] = replace(hyps[i][j], attention=attention)
         return hyps
-
-
-# ---- streams, as `transformer translate` uses them ---------------------------------------------
-
-def format_nbest(line_number: int, translations: Sequence[Translation]) -> list[str]:
-    """n-best output lines: LINE_NUMBER <tab> SCORE <tab> TRANSLATION [<tab> ALIGNMENT],
-    best first."""
-    return [f"{line_number}\t{t.score:.4f}\t{format_output(t)}" for t in translations]
-
-
-def format_output(translation: Translation) -> str:
-    """The translation, and after a tab its alignment ("0-0 1-2") where there is one."""
-    if translation.alignment is None:
-        return translation.text
-    return f"{translation.text}\t{format_alignment(translation.alignment)}"
-
-
-def translate_lines(translator: BaseTranslator, lines: Iterable[str], out: TextIO, *,
-                    chunk_lines: int = 10_000, nbest: int = 1,
-                    prefixes: Sequence[str] | None = None, keep: bool = False,
-                    flush: bool = False, on_progress: Callable[[int], None] | None = None,
-                    **options: Any) -> list[str]:
-    """Translate `lines` chunk by chunk (memory stays bounded), writing each chunk's
-    translations to `out` in input order before reading the next chunk: one line per input
-    line (`format_output`), or `nbest` lines in `format_nbest`'s format. `prefixes`: one
-    per input line. Returns the best translations when `keep` (for scoring), else [].
-    `options` go to `BaseTranslator.translations`."""
-    kept: list[str] = []
-    it = iter(lines)
-    start = 0
-    while chunk := list(itertools.islice(it, chunk_lines)):
-        chunk_prefixes = None if prefixes is None else prefixes[start:start + len(chunk)]
-        if chunk_prefixes is not None and len(chunk_prefixes) < len(chunk):
-            raise DataError(f"the prefixes end at line {len(prefixes)}, but the input goes on")
-        results = translator.translations(chunk, nbest=nbest, prefixes=chunk_prefixes,
-                                          line_offset=start, on_progress=on_progress,
-                                          **options)
-        for number, hyps in enumerate(results, start + 1):
-            rows = format_nbest(number, hyps) if nbest > 1 else [format_output(hyps[0])]
-            out.write("".join(row + "\n" for row in rows))
-        if flush:
-            out.flush()
-        if keep:
-            kept.extend(hyps[0].text for hyps in results)
-        start += len(chunk)
-    if prefixes is not None and start != len(prefixes):
-        raise DataError(f"{len(prefixes)} prefixes for {start} input lines")
-    return kept
-
-
-def score_lines(translator: BaseTranslator, sources: Sequence[str], targets: Sequence[str],
-                out: TextIO, *, chunk_lines: int = 10_000,
-                on_progress: Callable[[int], None] | None = None, **options: Any) -> None:
-    """Forced decoding of each (source, translation) pair, chunk by chunk: one line per
-    pair, LOG_PROB <tab> SCORE (`BaseTranslator.score`; SCORE is length-normalised as the
-    search ranks). `options` go to `BaseTranslator.score`."""
-    for start in range(0, len(sources), chunk_lines):
-        end = start + chunk_lines
-        for hyp in translator.score(sources[start:end], targets[start:end], line_offset=start,
-                                    **options):
-            out.write(f"{hyp.log_prob:.6f}\t{hyp.score:.6f}\n")
-        if on_progress is not None:
-            on_progress(len(sources[start:end]))
-
-
-def bleu_report(hypotheses: Sequence[str], references: Sequence[str], *,
-                tokenize: str = "13a", chrf: bool = True) -> list[str]:
-    """sacrebleu's corpus BLEU (and chrF), formatted as its command line prints them
-    (`sacrebleu REF -i HYP -m bleu chrf --format text [--tokenize none]`)."""
-    from sacrebleu.metrics import BLEU, CHRF
-
-    if len(hypotheses) != len(references):
-        raise DataError(f"the reference has {len(references)} lines but the input has "
-                        f"{len(hypotheses)}")
-    report = []
-    bleu = BLEU(tokenize=tokenize, force=tokenize == "none")  # tokenized on purpose: no warning
-    for metric in (bleu, CHRF()) if chrf else (bleu,):
-        score = metric.corpus_score(list(hypotheses), [list(references)])
-        report.append(score.format(width=1, signature=str(metric.get_signature())))
-    align = max(line.index("=") for line in report)  # the CLI aligns the "=" signs
-    return [line.rjust(len(line) + align - line.index("=")) for line in report]
-
-
-def paper_protocol(lines: Iterable[str], lang: str) -> list[str]:
-    """Lowercase, normalize punctuation and Moses-tokenize `lines` as the Multi30k dataset's
-    own pipeline does (`lowercase.perl | normalize-punctuation.perl -l LANG |
-    tokenizer.perl -l LANG`, here through sacremoses). Published Multi30k results (e.g. Wu et
-    al. 2021) score such hypotheses against the dataset's `tok/*.lc.norm.tok.LANG` references
-    with `sacrebleu --tokenize none`; our standard remains cased detokenized sacreBLEU."""
-    try:
-        from sacremoses import MosesPunctNormalizer, MosesTokenizer
-    except ImportError:
-        raise DataError("the paper protocol needs sacremoses: pip install sacremoses "
-                        "(or the package's [paper] extra)") from None
-    normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
-    return [tokenizer.tokenize(normalizer.normalize(line.lower()), return_str=True, escape=True)
-            for line in lines]

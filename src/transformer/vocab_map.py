@@ -25,9 +25,9 @@ from typing import Union
 import numpy as np
 
 from .files import atomic_write
+from .run_tokenizers import sample_pairs
 from .text import iter_parallel
 from .tokenizer import TokenizerPair
-from .vocabulary import sample_pairs
 
 __all__ = ["DEFAULT_PER_SOURCE", "DEFAULT_ALWAYS", "VocabMap", "build_vocab_map"]
 

@@ -69,8 +69,8 @@ def report_errors(run: Callable[[], object]) -> int:
     """Run a command's body and return the command's exit status: 0 when it returns; the
     one place the package's errors meet the user. A `TransformerError` (or an `OSError`
     about a file the user named) prints `error: <its message on one line>` on stderr and
-    gives 1, without a traceback; a reader that goes away (`| head`) ends the command
-    quietly; Ctrl-C gives 130."""
+    gives 1, without a traceback (a decoding option is named as the option: `--nbest`); a
+    reader that goes away (`| head`) ends the command quietly; Ctrl-C gives 130."""
     try:
         run()
         return 0
@@ -78,11 +78,19 @@ def report_errors(run: Callable[[], object]) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error
         return 1
     except (TransformerError, OSError) as e:
-        message = " ".join(str(e).split("\n"))
+        message = " ".join(_command_line_message(e).split("\n"))
         print(f"error: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _command_line_message(error: Exception) -> str:
+    """The error's message; a decoding request's names its fields as the commands' options
+    ("--nbest", not "nbest")."""
+    from ..decoding import RequestError, option_name
+
+    return error.message(option_name) if isinstance(error, RequestError) else str(error)
 
 
 def hydra_command(task: Callable[[TrainConfig, Path], object]) -> Callable[..., int]:
@@ -94,7 +102,7 @@ def hydra_command(task: Callable[[TrainConfig, Path], object]) -> Callable[..., 
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import DictConfig
 
-    from ..config import CONFIG_DIR, load_config, register_configs
+    from ..config import CONFIG_DIR, load_config, override_error, register_configs
 
     def run_task(cfg: DictConfig) -> None:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -106,10 +114,29 @@ def hydra_command(task: Callable[[TrainConfig, Path], object]) -> Callable[..., 
     hydra_main = hydra.main(config_path=str(CONFIG_DIR), config_name="config",
                             version_base="1.3")(run_task)
 
+    def run_hydra() -> None:
+        """Hydra's app. Told to raise its errors about the command line (a bad override, a
+        missing preset) rather than print them over several lines, it gets them reported
+        as ConfigError on one line."""
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+
+        previous = os.environ.get("HYDRA_FULL_ERROR")
+        os.environ["HYDRA_FULL_ERROR"] = "1"
+        try:
+            hydra_main()
+        except (HydraException, OmegaConfBaseException) as e:
+            raise override_error(e) from None
+        finally:
+            if previous is None:
+                del os.environ["HYDRA_FULL_ERROR"]
+            else:
+                os.environ["HYDRA_FULL_ERROR"] = previous
+
     def main(argv: Sequence[str] | None = None) -> int:
         if argv is not None:  # Hydra reads its arguments from sys.argv
             sys.argv[1:] = list(argv)
         register_configs()
-        return report_errors(hydra_main)  # e.g. `--help | head`
+        return report_errors(run_hydra)  # e.g. `--help | head`
 
     return main

@@ -16,9 +16,12 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from ..attention_maps import write_attention_maps
 from ..translator import Translator
 from . import report_errors
+from .options import add_device_options, check_counts
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,11 +31,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", help="the target sentence (default: the model's translation)")
     p.add_argument("--output-dir", type=Path, required=True)
     p.add_argument("--beam-size", type=int, default=5, help="for translating the source")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
+    add_device_options(p)
     return p
 
 
 def run(args: argparse.Namespace) -> None:
+    check_counts(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     translator = Translator.load(args.checkpoint, args.device)
     target = args.target
     if target is None:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..checkpoint import average_checkpoints, numbered_checkpoints, save_checkpoint
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from . import report_errors
 
 
@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.last < 1:
+        raise ConfigError(f"--last must be >= 1, got {args.last}")
     paths = args.inputs
     if len(paths) == 1 and paths[0].is_dir():
         paths = numbered_checkpoints(paths[0])[-args.last:]
@@ -47,8 +49,5 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.last < 1:
-        parser.error("--last must be >= 1")
+    args = build_parser().parse_args(argv)
     return report_errors(lambda: run(args))

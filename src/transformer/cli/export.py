@@ -31,6 +31,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import ConfigError
 from ..export import QUANTIZATIONS, export_ctranslate2, require_ctranslate2
 from ..hf import export_hf
 from ..translator import Translator
@@ -61,7 +62,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Values the parser accepts but the export cannot use: ConfigError naming the option
+    (`error: ...`, exit 1)."""
+    if args.vocab_map_size < 1:
+        raise ConfigError(f"--vocab-map-size must be >= 1, got {args.vocab_map_size}")
+    if args.vocab_map_always < 0:
+        raise ConfigError(f"--vocab-map-always must be >= 0, got {args.vocab_map_always}")
+    if args.format == "hf" and args.vocab_map:
+        raise ConfigError("--vocab-map is a CTranslate2 option, not for --format hf")
+    if args.format == "hf" and args.quantization != "float32":
+        raise ConfigError("--quantization is a CTranslate2 option, not for --format hf")
+
+
 def run(args: argparse.Namespace) -> None:
+    check_options(args)
     if args.format == "hf":
         config = export_hf(Translator.load(args.checkpoint, device="cpu"), args.output)
         print(f"wrote {args.output} ({config['architectures'][0]}, "
@@ -82,11 +97,5 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.vocab_map_size < 1 or args.vocab_map_always < 0:
-        parser.error("--vocab-map-size must be >= 1 and --vocab-map-always >= 0")
-    if args.format == "hf" and (args.vocab_map or args.quantization != "float32"):
-        parser.error("--vocab-map and --quantization are CTranslate2 options, not for "
-                     "--format hf")
+    args = build_parser().parse_args(argv)
     return report_errors(lambda: run(args))

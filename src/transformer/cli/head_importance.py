@@ -22,21 +22,22 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..attention_maps import attention_layers
-from ..evaluation import add_evaluation_arguments, load_for_evaluation
 from ..heads import format_table, head_importance, plot_importance, write_csv
 from . import report_errors
+from .options import add_evaluation_options, check_counts, load_for_evaluation
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True, metavar="RUN_DIR_OR_PT")
-    add_evaluation_arguments(p)
+    add_evaluation_options(p)
     p.add_argument("--beam-size", type=int, default=1, help="for BLEU; 1 = greedy search")
     p.add_argument("--output-dir", type=Path, default=Path("head_importance"))
     return p
 
 
 def run(args: argparse.Namespace) -> None:
+    check_counts(args)
     evaluation = load_for_evaluation(args)
     translator, text = evaluation.translator, evaluation.text
     total = sum(layer.module.num_heads for layer in attention_layers(translator.model))

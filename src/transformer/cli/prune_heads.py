@@ -22,9 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..checkpoint import inference_checkpoint, save_checkpoint
-from ..evaluation import add_evaluation_arguments, load_for_evaluation
+from ..errors import ConfigError
 from ..heads import gradient_importance, heads_to_prune, teacher_forced_batches
 from . import report_errors
+from .options import add_evaluation_options, check_counts, load_for_evaluation
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,11 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=Path, required=True, help="the pruned checkpoint (.pt)")
     p.add_argument("--no-normalize", action="store_true",
                    help="rank raw importance scores, not scores divided by their layer's norm")
-    add_evaluation_arguments(p)
+    add_evaluation_options(p)
     return p
 
 
 def run(args: argparse.Namespace) -> None:
+    check_counts(args)
+    if not 0.0 <= args.fraction < 1.0:
+        raise ConfigError(f"--fraction must be in [0, 1), got {args.fraction}")
     evaluation = load_for_evaluation(args)
     translator, text = evaluation.translator, evaluation.text
     model = translator.model
@@ -63,8 +67,5 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not 0.0 <= args.fraction < 1.0:
-        parser.error("--fraction must be in [0, 1)")
+    args = build_parser().parse_args(argv)
     return report_errors(lambda: run(args))

@@ -28,8 +28,8 @@ line, from the encoder-decoder attention of the last decoder layer averaged over
 `--alignment-layer`/`--alignment-head`). `--score --reference FILE` translates nothing: it
 prints for each input line the model's log-probability of the reference line as its
 translation and the length-normalised score (as the search ranks), tab-separated.
-Errors (bad checkpoint,
-unreadable input, missing sacremoses, ...) print one line and exit 1, before translating.
+Errors (bad checkpoint, unreadable input, an option out of range or options that do not go
+together, missing sacremoses, ...) print one line and exit 1, before translating.
 `python scripts/translate.py` is the same command.
 """
 
@@ -45,50 +45,32 @@ from pathlib import Path
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from ..alignment import AlignmentOptions
 from ..config import DecodingSettings
-from ..engines import ENGINES, load_translator
-from ..errors import ConfigError, DataError
+from ..decoding import DecodingRequest
+from ..errors import DataError
 from ..files import atomic_write
-from ..search import DEFAULT_MAX_TOKENS, Sampling
 from ..text import iter_lines, read_lines
-from ..translator import (
-    BaseTranslator,
-    bleu_report,
-    paper_protocol,
-    score_lines,
-    translate_lines,
-)
 from . import report_errors
+from .options import (
+    add_decoding_options,
+    add_max_tokens,
+    add_model_options,
+    check_counts,
+    decoding_request,
+    load_model,
+)
+from .reports import bleu_report, paper_protocol, score_lines, translate_lines
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--checkpoint", nargs="+", required=True, metavar="RUN_DIR_OR_PT",
-                   help="checkpoint file or run directory (its best checkpoint); several are "
-                        "averaged. With --engine ctranslate2: an export directory")
-    p.add_argument("--engine", choices=ENGINES, default="torch",
-                   help="torch (our PyTorch model, default) or ctranslate2 (a model exported by "
-                        "transformer export; needs the export extra, ctranslate2)")
+    add_model_options(p, several=True, engines=True)
     p.add_argument("--input", type=Path, help="input file (default: standard input)")
     p.add_argument("--output", type=Path, help="output file (default: standard output)")
-    p.add_argument("--beam-size", type=int,
-                   help="default: the checkpoint's chosen beam size, else 5")
-    p.add_argument("--nbest", type=int, default=1, help="translations per input line")
-    p.add_argument("--alpha", type=float,
-                   help="length-penalty exponent (GNMT); 0 ranks by plain log-prob (default: "
-                        "the checkpoint's chosen alpha, else 1.0)")
-    p.add_argument("--max-len-a", type=float,
-                   help="outputs have at most a * source_len + b tokens (default 1.5)")
-    p.add_argument("--max-len-b", type=int, help="(default 10)")
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
-                   help="source tokens per batch (padding included, before the beam)")
+    add_decoding_options(p)
+    add_max_tokens(p)
     p.add_argument("--chunk-lines", type=int, default=10_000,
                    help="input lines read, sorted and translated at a time")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    p.add_argument("--threads", type=int,
-                   help="CPU threads (default: the engine's); on a busy shared machine 1 can "
-                        "be many times faster, as decoding runs many small operations")
     p.add_argument("--reference", type=Path, help="score the translations against this file")
     p.add_argument("--paper-protocol", type=Path, metavar="TOKENIZED_REFERENCE",
                    help="also score as published Multi30k results do: lowercase, normalize "
@@ -97,24 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "e.g. multi30k/tok/test_2016_flickr.lc.norm.tok.de")
     p.add_argument("--paper-lang", help="language for --paper-protocol's normalizer and "
                                         "tokenizer (default: the reference's file extension)")
-    sampling = p.add_argument_group("sampling (instead of beam search)")
-    sampling.add_argument("--sampling-topk", type=int, metavar="K",
-                          help="draw from the K most likely tokens (0: all; 1: greedy)")
-    sampling.add_argument("--sampling-topp", type=float, metavar="P",
-                          help="draw from the most likely tokens that make up probability P")
-    sampling.add_argument("--temperature", type=float, metavar="T",
-                          help="divide the logits by T before drawing (default 1)")
-    sampling.add_argument("--seed", type=int, help="seed of the draws (default 0)")
-    modes = p.add_argument_group("prefixes, alignments, scores")
+    modes = p.add_argument_group("prefixes and scores")
     modes.add_argument("--prefix", type=Path, metavar="FILE",
                        help="one line per input line: text its translation must begin with")
-    modes.add_argument("--alignment", action="store_true",
-                       help="add each translation's word alignment (i-j pairs) after a tab")
-    modes.add_argument("--alignment-layer", type=int, default=-1, metavar="L",
-                       help="decoder layer whose encoder-decoder attention aligns "
-                            "(default -1: the last)")
-    modes.add_argument("--alignment-head", type=int, metavar="H",
-                       help="one head of that layer (default: the average over heads)")
     modes.add_argument("--score", action="store_true",
                        help="print the log-probability and normalised score of each "
                             "--reference line as the translation of the input line")
@@ -132,6 +99,7 @@ def _count_lines(path: Path) -> int:
 
 
 def run(args: argparse.Namespace) -> None:
+    check_counts(args, "chunk_lines")
     if args.score:
         return run_score(args)
     references = read_lines(args.reference) if args.reference else None
@@ -148,18 +116,12 @@ def run(args: argparse.Namespace) -> None:
     if paper_refs is not None:
         lang = _paper_lang(args)
         paper_protocol([], lang)  # fails now, not after translating, if sacremoses is missing
-    translator = load_translator(args.checkpoint, args.engine, device=args.device,
-                                 threads=args.threads)
-    settings = translator.settings(beam_size=args.beam_size, alpha=args.alpha,
-                                   max_len_a=args.max_len_a, max_len_b=args.max_len_b)
-    sampling, alignment = _sampling(args), _alignment(args, translator)
+    translator = load_model(args)
+    request = decoding_request(args, translator)
     mapped = translator.vocab_map  # CTranslate2 exports may have one
-    print(f"decoding: {_describe(settings, translator.decoding, args, sampling)}"
+    print(f"decoding: {_describe(request, translator.decoding, args)}"
           + (f", over the candidates of a vocabulary map ({mapped['source_pieces']:,} source "
              f"pieces)" if mapped else ""), file=sys.stderr)
-    if sampling is None and args.nbest > settings.beam_size:
-        raise DataError(f"--nbest {args.nbest} is larger than the beam size "
-                        f"{settings.beam_size}")
     with contextlib.ExitStack() as stack:
         source = (stack.enter_context(open(args.input, "rb")) if args.input
                   else sys.stdin.buffer)
@@ -169,13 +131,10 @@ def run(args: argparse.Namespace) -> None:
                                        file=sys.stderr, dynamic_ncols=True))
         stack.enter_context(logging_redirect_tqdm())
         hypotheses = translate_lines(
-            translator, iter_lines(source, str(args.input or "<stdin>")), out,
+            translator, iter_lines(source, str(args.input or "<stdin>")), out, request,
             chunk_lines=1 if interactive else args.chunk_lines, flush=interactive,
             keep=references is not None or paper_refs is not None, on_progress=bar.update,
-            nbest=args.nbest, beam_size=settings.beam_size, alpha=settings.alpha,
-            max_tokens=args.max_tokens, max_len_a=settings.max_len_a,
-            max_len_b=settings.max_len_b, sampling=sampling, prefixes=prefixes,
-            alignment=alignment)
+            max_tokens=args.max_tokens, prefixes=prefixes)
     if references is not None:
         for line in bleu_report(hypotheses, references):
             print(line, file=sys.stderr)
@@ -194,9 +153,8 @@ def run_score(args: argparse.Namespace) -> None:
     if len(sources) != len(targets):
         raise DataError(f"the reference {args.reference} has {len(targets)} lines but the "
                         f"input {args.input} has {len(sources)}")
-    translator = load_translator(args.checkpoint, args.engine, device=args.device,
-                                 threads=args.threads)
-    alpha = translator.settings(alpha=args.alpha).alpha
+    translator = load_model(args)
+    alpha = decoding_request(args, translator).alpha
     print(f"scoring {len(sources):,} translations: log-prob and log-prob / length penalty "
           f"(alpha {alpha:g})", file=sys.stderr)
     with contextlib.ExitStack() as stack:
@@ -204,52 +162,25 @@ def run_score(args: argparse.Namespace) -> None:
                else sys.stdout)
         bar = stack.enter_context(tqdm(total=len(sources), unit="pair", file=sys.stderr,
                                        dynamic_ncols=True))
-        score_lines(translator, sources, targets, out, chunk_lines=args.chunk_lines,
-                    on_progress=bar.update, alpha=alpha, max_tokens=args.max_tokens)
+        score_lines(translator, sources, targets, out, alpha=alpha,
+                    chunk_lines=args.chunk_lines, max_tokens=args.max_tokens,
+                    on_progress=bar.update)
 
 
-def _sampling(args: argparse.Namespace) -> Sampling | None:
-    """The sampling options given, or None: beam search."""
-    if args.sampling_topk is None and args.sampling_topp is None and args.temperature is None:
-        return None
-    return Sampling(topk=0 if args.sampling_topk is None else args.sampling_topk,
-                    topp=1.0 if args.sampling_topp is None else args.sampling_topp,
-                    temperature=1.0 if args.temperature is None else args.temperature,
-                    seed=args.seed or 0)
-
-
-def _alignment(args: argparse.Namespace, translator: BaseTranslator) -> AlignmentOptions | None:
-    """The alignment options, checked against the model's layers and heads."""
-    if not args.alignment:
-        return None
-    options = AlignmentOptions(args.alignment_layer, args.alignment_head)
-    c = translator.model_config
-    layer = options.layer % c.num_decoder_layers if -c.num_decoder_layers <= options.layer \
-        < c.num_decoder_layers else None
-    if layer is None:
-        raise ConfigError(f"--alignment-layer must be in [{-c.num_decoder_layers}, "
-                          f"{c.num_decoder_layers}) for this model, got {options.layer}")
-    pruned = c.pruned_heads.get(f"decoder.blks.{layer}.attention2", [])
-    heads = [h for h in range(c.num_heads + len(pruned)) if h not in pruned]
-    if options.head is not None and options.head not in heads:
-        raise ConfigError(f"--alignment-head {options.head} is not a head of decoder layer "
-                          f"{layer} (heads {heads})")
-    return options
-
-
-def _describe(settings: DecodingSettings, stored: DecodingSettings,
-              args: argparse.Namespace, sampling: Sampling | None = None) -> str:
+def _describe(request: DecodingRequest, stored: DecodingSettings,
+              args: argparse.Namespace) -> str:
     """E.g. "beam 5, alpha 2.5 (from the checkpoint), max length 1.5 * source + 10"."""
     def origin(name: str) -> str:
         given = getattr(args, name) is not None
         chosen = getattr(stored, name) != getattr(DecodingSettings(), name)
         return "" if given or not chosen else " (from the checkpoint)"
 
-    search = (f"beam {settings.beam_size}{origin('beam_size')}" if sampling is None else
+    sampling = request.sampling
+    search = (f"beam {request.beam_size}{origin('beam_size')}" if sampling is None else
               f"sampling (top-k {sampling.topk or 'all'}, top-p {sampling.topp:g}, "
               f"temperature {sampling.temperature:g}, seed {sampling.seed})")
-    return (f"{search}, alpha {settings.alpha:g}{origin('alpha')}, max length "
-            f"{settings.max_len_a:g} * source + {settings.max_len_b}")
+    return (f"{search}, alpha {request.alpha:g}{origin('alpha')}, max length "
+            f"{request.max_len_a:g} * source + {request.max_len_b}")
 
 
 def _paper_lang(args: argparse.Namespace) -> str:
@@ -261,26 +192,13 @@ def _paper_lang(args: argparse.Namespace) -> str:
 
 
 def _check_modes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Options that cannot go together, or out of range: one line naming the option."""
-    sampling = [name for name in ("--sampling-topk", "--sampling-topp", "--temperature")
-                if getattr(args, name[2:].replace("-", "_")) is not None]
-    if args.temperature is not None and args.temperature <= 0:
-        parser.error("--temperature must be > 0 (greedy search: --beam-size 1)")
-    if args.sampling_topk is not None and args.sampling_topk < 0:
-        parser.error("--sampling-topk must be >= 0 (0: all tokens)")
-    if args.sampling_topp is not None and not 0 < args.sampling_topp <= 1:
-        parser.error("--sampling-topp must be in (0, 1]")
-    if args.seed is not None and not sampling:
-        parser.error("--seed seeds sampling: give --sampling-topk, --sampling-topp or "
-                     "--temperature too")
-    if sampling and (args.beam_size not in (None, 1) or args.nbest > 1):
-        parser.error(f"{sampling[0]} draws one translation per line: it excludes "
-                     f"--beam-size and --nbest")
-    if (args.alignment_layer != -1 or args.alignment_head is not None) and not args.alignment:
-        parser.error("--alignment-layer and --alignment-head need --alignment")
+    """Options of this command that cannot go together: one line naming the option. (The
+    decoding options are checked together, as one request, once the model is loaded.)"""
     if args.score:
         if args.reference is None or args.input is None:
             parser.error("--score needs --input and --reference (the translations to score)")
+        sampling = [name for name in ("--sampling-topk", "--sampling-topp", "--temperature")
+                    if getattr(args, name[2:].replace("-", "_")) is not None]
         others = [name for name, given in (
             ("--paper-protocol", args.paper_protocol), ("--prefix", args.prefix),
             ("--alignment", args.alignment), ("--nbest", args.nbest > 1),
@@ -292,13 +210,6 @@ def _check_modes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if (min(args.max_tokens, args.chunk_lines, args.nbest) < 1
-            or (args.beam_size is not None and args.beam_size < 1)
-            or (args.alpha is not None and args.alpha < 0)):
-        parser.error("--beam-size, --nbest, --max-tokens, --chunk-lines must be >= 1, "
-                     "--alpha >= 0")
-    if args.beam_size is not None and args.nbest > args.beam_size:
-        parser.error("--nbest must be between 1 and --beam-size")
     _check_modes(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     return report_errors(lambda: run(args))

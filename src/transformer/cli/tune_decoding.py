@@ -30,9 +30,9 @@ from ..checkpoint import (
     save_checkpoint,
     stored_training_config,
 )
+from ..errors import ConfigError
 from ..evaluation import (
     DecodingTrial,
-    add_evaluation_arguments,
     best_trial,
     checkpoints_within,
     evaluation_text,
@@ -41,6 +41,7 @@ from ..evaluation import (
 from ..search import DEFAULT_MAX_TOKENS
 from ..translator import Translator
 from . import report_errors
+from .options import add_evaluation_options, check_counts
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alpha", type=float, nargs="+", default=[1.0, 1.5, 2.0, 2.5, 3.0],
                    help="length-penalty exponents to try")
     p.add_argument("--beam-size", type=int, default=5)
-    add_evaluation_arguments(p, splits=("valid",), max_tokens=DEFAULT_MAX_TOKENS)
+    add_evaluation_options(p, splits=("valid",), max_tokens=DEFAULT_MAX_TOKENS)
     return p
 
 
@@ -65,6 +66,11 @@ def _row(trial: DecodingTrial) -> str:
 
 
 def run(args: argparse.Namespace) -> None:
+    check_counts(args, "beam_size")
+    if min(args.last) < 1 or min(args.alpha) < 0:
+        raise ConfigError(f"--last must be >= 1 and --alpha >= 0, got --last "
+                          f"{' '.join(map(str, args.last))} --alpha "
+                          f"{' '.join(map(str, args.alpha))}")
     folder = args.run / "checkpoints" if (args.run / "checkpoints").is_dir() else args.run
     checkpoints = checkpoints_within(folder, args.within)
     newest = load_checkpoint(checkpoints[-1], mmap=True)  # mapped: only its config is read
@@ -94,8 +100,5 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.beam_size < 1 or min(args.last) < 1 or min(args.alpha) < 0:
-        parser.error("--beam-size and --last must be >= 1, --alpha >= 0")
+    args = build_parser().parse_args(argv)
     return report_errors(lambda: run(args))

@@ -1,0 +1,161 @@
+"""Options that several commands share, declared once: the model to load (`--checkpoint`,
+`--engine`, `--device`, `--threads`), `--max-tokens`, the decoding options (the fields of
+`decoding.DecodingRequest`, spelled as options: `nbest` is `--nbest`), and the evaluation
+data of the commands that score a model (`--data`, `--src`, `--ref`, ...).
+
+    add_model_options(parser)                      # then: load_model(args)
+    add_decoding_options(parser)                   # then: decoding_request(args, translator)
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..decoding import DecodingRequest, option_name
+from ..engines import ENGINES, load_translator
+from ..errors import ConfigError
+from ..evaluation import evaluation_text
+from ..search import DEFAULT_MAX_TOKENS
+from ..text import ParallelText
+from ..translator import BaseTranslator, Translator
+
+__all__ = ["add_model_options", "add_device_options", "add_max_tokens", "check_counts",
+           "load_model", "add_decoding_options", "decoding_request", "add_evaluation_options",
+           "Evaluation", "load_for_evaluation"]
+
+DECODING_OPTIONS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "sampling_topk",
+                    "sampling_topp", "temperature", "seed", "alignment", "alignment_layer",
+                    "alignment_head")
+
+
+def add_model_options(parser: argparse.ArgumentParser, *, several: bool = False,
+                      engines: bool = False) -> None:
+    """`--checkpoint` (one, or with `several` several to average), with `engines` `--engine`
+    (whose export `--checkpoint` then names), and `add_device_options`."""
+    parser.add_argument("--checkpoint", nargs="+" if several else None, required=True,
+                        metavar="RUN_DIR_OR_PT",
+                        help="checkpoint file or run directory (its best checkpoint)"
+                             + ("; several are averaged" if several else "")
+                             + (". With --engine ctranslate2: an export directory"
+                                if engines else ""))
+    if engines:
+        parser.add_argument("--engine", choices=ENGINES, default="torch",
+                            help="torch (our PyTorch model, default) or ctranslate2 (a model "
+                                 "exported by transformer export; needs the export extra)")
+    add_device_options(parser)
+
+
+def add_device_options(parser: argparse.ArgumentParser) -> None:
+    """`--device` and `--threads`: where the model runs."""
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    parser.add_argument("--threads", type=int,
+                        help="CPU threads (default: the engine's); on a busy shared machine 1 "
+                             "can be many times faster, as decoding runs many small operations")
+
+
+def add_max_tokens(parser: argparse.ArgumentParser,
+                   default: int = DEFAULT_MAX_TOKENS) -> None:
+    """`--max-tokens`: source tokens per batch."""
+    parser.add_argument("--max-tokens", type=int, default=default,
+                        help="source tokens per batch (padding included, before the beam)")
+
+
+def check_counts(args: argparse.Namespace, *names: str) -> None:
+    """`--threads`, `--max-tokens` and the options `names` (e.g. "chunk_lines"), where a
+    command has them, are >= 1: `ConfigError` naming the option (exit 1)."""
+    for name in ("threads", "max_tokens", *names):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise ConfigError(f"{option_name(name)} must be >= 1, got {value}")
+
+
+def load_model(args: argparse.Namespace) -> BaseTranslator:
+    """The translator `add_model_options`' options name (`engines.load_translator`)."""
+    return load_translator(args.checkpoint, getattr(args, "engine", "torch"),
+                           device=args.device, threads=args.threads)
+
+
+def add_decoding_options(parser: argparse.ArgumentParser, *, modes: bool = True) -> None:
+    """The decoding request's options: the search (`--beam-size`, `--nbest`, `--alpha`,
+    `--max-len-a`, `--max-len-b`, each left out: the checkpoint's chosen value, else the
+    default), and with `modes` sampling and alignments."""
+    p = parser
+    p.add_argument("--beam-size", type=int,
+                   help="default: the checkpoint's chosen beam size, else 5")
+    p.add_argument("--nbest", type=int, default=1, help="translations per input line")
+    p.add_argument("--alpha", type=float,
+                   help="length-penalty exponent (GNMT); 0 ranks by plain log-prob (default: "
+                        "the checkpoint's chosen alpha, else 1.0)")
+    p.add_argument("--max-len-a", type=float,
+                   help="outputs have at most a * source_len + b tokens (default 1.5)")
+    p.add_argument("--max-len-b", type=int, help="(default 10)")
+    if not modes:
+        return
+    sampling = p.add_argument_group("sampling (instead of beam search)")
+    sampling.add_argument("--sampling-topk", type=int, metavar="K",
+                          help="draw from the K most likely tokens (0: all; 1: greedy)")
+    sampling.add_argument("--sampling-topp", type=float, metavar="P",
+                          help="draw from the most likely tokens that make up probability P")
+    sampling.add_argument("--temperature", type=float, metavar="T",
+                          help="divide the logits by T before drawing (default 1)")
+    sampling.add_argument("--seed", type=int, help="seed of the draws (default 0)")
+    aligned = p.add_argument_group("alignments")
+    aligned.add_argument("--alignment", action="store_true",
+                         help="add each translation's word alignment (i-j pairs) after a tab")
+    aligned.add_argument("--alignment-layer", type=int, metavar="L",
+                         help="decoder layer whose encoder-decoder attention aligns "
+                              "(default -1: the last)")
+    aligned.add_argument("--alignment-head", type=int, metavar="H",
+                         help="one head of that layer (default: the average over heads)")
+
+
+def decoding_request(args: argparse.Namespace, translator: BaseTranslator) -> DecodingRequest:
+    """The request `add_decoding_options`' options ask for, over the translator's defaults
+    and checked against it (`RequestError`, which `report_errors` prints naming the option:
+    `--nbest`)."""
+    options = {name: getattr(args, name) for name in DECODING_OPTIONS if hasattr(args, name)}
+    return translator.request(DecodingRequest.from_options(translator.decoding, **options))
+
+
+def add_evaluation_options(parser: argparse.ArgumentParser,
+                           splits: Sequence[str] = ("valid", "test"),
+                           max_tokens: int = 4096) -> None:
+    """The evaluation-data options of the commands that evaluate a model
+    (`evaluation.evaluation_text`), `--max-tokens` and `add_device_options`; `splits` are
+    the splits `--data` may name."""
+    p = parser
+    p.add_argument("--data", choices=tuple(splits), default="valid",
+                   help="the run's split (its data=files paths or Multi30k language pair)")
+    p.add_argument("--data-root", help="folder of the Multi30k .gz files (default: the run's "
+                                       "data.root, else the download cache)")
+    p.add_argument("--src", type=Path, help="source file (instead of --data)")
+    p.add_argument("--ref", type=Path, help="reference file (instead of --data)")
+    p.add_argument("--max-sentences", type=int, help="use only the first N sentences")
+    add_max_tokens(p, max_tokens)
+    add_device_options(p)
+
+
+@dataclass
+class Evaluation:
+    """What an evaluation command starts with."""
+
+    translator: Translator  # the model, tokenizers, decoding defaults and training config
+    text: ParallelText  # the sentence pairs to evaluate on
+
+
+def load_for_evaluation(args: argparse.Namespace) -> Evaluation:
+    """The translator (its checkpoint loaded once) and the evaluation pairs, from
+    `add_evaluation_options`' options. Sets the thread count; raises CheckpointError,
+    DataError or OSError with a one-line message."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    translator = Translator.load(args.checkpoint, args.device)
+    text = evaluation_text(translator.training_config, data=args.data,
+                           data_root=args.data_root, src=args.src, ref=args.ref,
+                           max_sentences=args.max_sentences)
+    return Evaluation(translator, text)

@@ -1,0 +1,128 @@
+"""Devices, the process group's rank device, and the helpers the training loop runs on: the
+device resolver's answers and one-line errors (CUDA and MPS faked absent or present), CUDA's
+switches and the prefetch thread."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transformer.errors import ConfigError
+from transformer.runtime import (
+    DistEnv,
+    configure_cuda,
+    device_index,
+    prefetched,
+    resolve_device,
+)
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """Pretend this machine has `n` CUDA devices: `gpus(n)`."""
+    def fake(n: int) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+    return fake
+
+
+def test_auto_takes_cuda_where_there_is_a_gpu_else_the_cpu(gpus):
+    gpus(0)
+    assert resolve_device("auto") == torch.device("cpu")
+    gpus(2)
+    assert resolve_device("auto") == torch.device("cuda")
+
+
+def test_named_devices_this_machine_has(gpus):
+    gpus(2)
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("cpu:1") == torch.device("cpu")  # one CPU device
+    assert resolve_device("cuda") == torch.device("cuda")  # the current GPU, as in PyTorch
+    assert resolve_device("cuda:1", "trainer.device") == torch.device("cuda", 1)
+    assert resolve_device(torch.device("cuda", 0)) == torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("name, option, count, message", [
+    ("cuda", "trainer.device", 0, "trainer.device=cuda but this machine has no CUDA device"),
+    ("cuda:0", "--device", 0, "--device cuda:0 but this machine has no CUDA device"),
+    ("cuda:3", "--device", 1, "--device cuda:3 but this machine has only cuda:0"),
+    ("cuda:2", "trainer.device", 2, "trainer.device=cuda:2 but this machine has only cuda:0 "
+                                    "to cuda:1"),
+    ("gpu", "--device", 0, "--device gpu is not a device: expected auto, cpu, cuda, cuda:N "
+                           "or mps"),
+    ("cuda:x", "trainer.device", 1, "trainer.device=cuda:x is not a device: expected auto, "
+                                    "cpu, cuda, cuda:N or mps"),
+    ("", "--device", 0, "--device  is not a device: expected auto, cpu, cuda, cuda:N or mps"),
+    ("meta", "--device", 0, "--device meta but this machine has no meta device"),
+])
+def test_a_device_the_machine_lacks_is_a_one_line_error_naming_the_option(gpus, name, option,
+                                                                          count, message):
+    gpus(count)
+    with pytest.raises(ConfigError) as error:
+        resolve_device(name, option)
+    assert str(error.value) == message
+
+
+def test_mps_without_an_apple_gpu_is_an_error(monkeypatch):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="^--device mps but this machine has no MPS device$"):
+        resolve_device("mps")
+
+
+def test_device_index_for_libraries_that_take_kind_and_index(monkeypatch):
+    """CTranslate2 takes ("cuda", index): the named index, else the current GPU."""
+    assert device_index(torch.device("cuda", 2)) == 2
+    assert device_index(torch.device("cpu")) == 0
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert device_index(torch.device("cuda")) == 0  # without setting CUDA up
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert device_index(torch.device("cuda")) == 1
+
+
+def test_each_rank_of_a_cuda_job_takes_its_local_gpu():
+    rank1 = DistEnv(rank=3, world_size=4, local_rank=1)
+    assert rank1.rank_device(torch.device("cuda")) == torch.device("cuda", 1)
+    assert rank1.rank_device(torch.device("cpu")) == torch.device("cpu")
+    assert DistEnv().rank_device(torch.device("cuda", 2)) == torch.device("cuda", 2)
+
+
+def test_prefetched_keeps_the_order_and_stops_early():
+    """The background thread yields make(item) in item order, the same as depth 0 does,
+    raises what `make` raised, and a loop that leaves early stops the thread."""
+    made = []
+
+    def make(i: int) -> int:
+        made.append(i)
+        if i == 7:
+            raise ValueError("bad item 7")
+        return i * i
+
+    items = list(range(7))
+    assert list(prefetched(make, items, 0)) == [i * i for i in items]
+    assert list(prefetched(make, items, 2)) == [i * i for i in items]
+    with pytest.raises(ValueError, match="bad item 7"):
+        list(prefetched(make, range(10), 3))
+    made.clear()
+    for value in prefetched(make, range(100), 2):
+        if value == 4:
+            break
+    assert len(made) <= 6  # items 0..2 yielded, at most depth + 1 more made
+
+
+def test_configure_cuda_sets_tf32_and_cudnn_attention():
+    """The two CUDA switches, set and read back (a CPU build keeps the flags too)."""
+    matmul = torch.backends.cuda.matmul
+    precision = "fp32_precision" if hasattr(matmul, "fp32_precision") else "allow_tf32"
+    before = (getattr(matmul, precision), torch.backends.cuda.cudnn_sdp_enabled())
+    try:
+        line = configure_cuda(tf32=False, cudnn_attention=False)
+        assert getattr(matmul, precision) in ("ieee", False)
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert line == "float32 matrix products IEEE float32, cuDNN attention off"
+        configure_cuda(tf32=True, cudnn_attention=True)
+        assert getattr(matmul, precision) in ("tf32", True)
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        setattr(matmul, precision, before[0])
+        torch.backends.cuda.enable_cudnn_sdp(before[1])
