@@ -18,8 +18,12 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from hypothesis import settings
 
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K_SLICE = REPO / "tests" / "data" / "multi30k"
@@ -268,3 +272,62 @@ def wait_until_up(server: subprocess.Popen, url: str, log: Path,
         except (urllib.error.URLError, ConnectionError):
             time.sleep(0.2)
     pytest.fail(f"the server did not answer within {timeout:.0f} s", pytrace=False)
+
+
+# ---- fuzzing (tests/test_fuzz_*.py) ---------------------------------------------------------
+
+
+def fuzz(examples: int, *, shrink: bool = True) -> settings:
+    """Hypothesis settings of a fuzz test: `examples` cases, reproducible (derandomized, no
+    example database, no deadline: a case may load a model). `shrink=False` reports a
+    failing case as generated: for tests whose every case runs a whole command, where
+    shrinking would rerun it for minutes."""
+    from hypothesis import Phase, settings
+
+    phases = list(Phase) if shrink else [Phase.explicit, Phase.reuse, Phase.generate]
+    return settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+                    phases=phases)
+
+
+def assert_one_line(error: Exception) -> None:
+    """A refusal on one line (counted per exception class in
+    `--hypothesis-show-statistics`)."""
+    from hypothesis import currently_in_test_context, event
+
+    if currently_in_test_context():
+        event(f"refused: {type(error).__name__}")
+    assert str(error) and "\n" not in str(error), repr(str(error))
+
+
+def run_command(argv: list[str]) -> tuple[int, str]:
+    """`transformer ARGV` in this process: (exit status, what it wrote on stderr). The root
+    logger starts without handlers, as in a process of its own (a command's
+    `logging.basicConfig` then writes to this stderr), and gets its own back afterwards."""
+    import contextlib
+    import io
+    import logging
+
+    from transformer import cli
+
+    err = io.StringIO()
+    handlers, logging.root.handlers = logging.root.handlers, []
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                status = cli.main(argv)
+            except SystemExit as e:  # argparse's exits, and a Hydra command's body's
+                status = e.code
+    finally:
+        logging.root.handlers = handlers
+    return status, err.getvalue()
+
+
+def assert_reported(status: int, err: str) -> None:
+    """Exit 0, or exit 1 with one `error: <one line>`, the last line on stderr (after the
+    command's log lines); never a traceback."""
+    assert status in (0, 1), err
+    assert "Traceback" not in err, err
+    if status == 1:
+        lines = err.splitlines()
+        assert err.endswith("\n") and lines[-1].startswith("error: "), err
+        assert sum(line.startswith("error:") for line in lines) == 1, err

@@ -3,12 +3,12 @@ on a small random model, with generated option values (wrong types, out of range
 combinations). argparse's own usage error (exit 2, a usage line) is the answer only to a
 value that does not parse as its option's type; a value that parses and that the package
 then rejects is `error: <one line>` on stderr and exit 1, never a traceback; a command that
-fails leaves the file it was to write as it was."""
+fails leaves the file it was to write as it was. Every case runs a whole command, so a
+failing case is reported as generated, not shrunk (it holds at most three options)."""
 
 from __future__ import annotations
 
 import contextlib
-import io
 import math
 import shutil
 import tempfile
@@ -17,24 +17,15 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from hypothesis import Phase, given, settings
+from conftest import fuzz, run_command  # tests/conftest.py
+from hypothesis import given
 from hypothesis import strategies as st
-
-from transformer import cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 SOURCES = ["A man rides a bike.", "Two dogs play in the snow."]
 REFERENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
 BEFORE = "the previous output\n"
-
-
-def fuzz(examples: int) -> settings:
-    """Reproducible runs (derandomized, no example database) of `examples` cases. A failing
-    case is reported as generated, not shrunk: it holds at most three options already, and
-    shrinking reruns whole commands for minutes."""
-    return settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-                    phases=[Phase.explicit, Phase.reuse, Phase.generate])
 
 
 # ---- option values --------------------------------------------------------------------------
@@ -99,17 +90,6 @@ def option_draws(options: list[Option]) -> st.SearchStrategy[list[tuple[Option, 
 # ---- running a command --------------------------------------------------------------------------
 
 
-def run_command(argv: list[str]) -> tuple[int, str]:
-    """`transformer ARGV` in this process: (exit status, what it wrote on stderr)."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            status = cli.main(argv)
-        except SystemExit as e:  # argparse's exits
-            status = e.code
-    return status, err.getvalue()
-
-
 def check_answer(drawn: list[tuple[Option, str | None]], status: int, err: str) -> None:
     """The property every command keeps, whatever its options."""
     assert "Traceback" not in err, err
@@ -167,7 +147,7 @@ EVALUATION = [*MODEL, Option("--max-sentences", "int"),
 # ---- the commands -----------------------------------------------------------------------------
 
 
-@fuzz(40)
+@fuzz(40, shrink=False)
 @given(drawn=option_draws([*DECODING, *MODES, *MODEL, Option("--chunk-lines", "int"),
                            Option("--score", "flag"), Option("--engine", "choice",
                                                              ("torch", "ctranslate2"))]))
@@ -183,7 +163,30 @@ def test_translate_options(random_checkpoint, drawn):
             assert len(f.output.read_text().splitlines()) >= len(SOURCES)
 
 
-@fuzz(8)
+INPUT_BYTES = st.lists(st.sampled_from([b"A man rides a bike.", b"\n", b"\r", b"\x00", b"\xff",
+                                         b"\xef\xbb\xbf", b"\xf0\x9f\x98\x80", b" ", b"x" * 5000]),
+                       max_size=8).map(b"".join)
+
+
+@fuzz(15, shrink=False)
+@given(data=INPUT_BYTES, prefix=st.none() | INPUT_BYTES)
+def test_translate_input_bytes(random_checkpoint, data, prefix):
+    """Any bytes as `--input` (and `--prefix`): translations, or one line naming the file
+    and line; the output file is written whole or left as it was."""
+    with files(random_checkpoint) as f:
+        f.src.write_bytes(data)
+        argv = ["translate", "--checkpoint", str(f.checkpoint), "--input", str(f.src),
+                "--output", str(f.output), "--beam-size", "1"]
+        if prefix is not None:
+            (f.folder / "prefix.txt").write_bytes(prefix)
+            argv += ["--prefix", str(f.folder / "prefix.txt")]
+        status, err = run_command(argv)
+        check_answer([], status, err)
+        if status != 0:
+            assert f.intact()
+
+
+@fuzz(8, shrink=False)
 @given(drawn=option_draws([Option("--within", "float"), Option("--last", "int"),
                            Option("--alpha", "float"), Option("--beam-size", "int"),
                            *EVALUATION]))
@@ -197,7 +200,7 @@ def test_tune_decoding_options(random_checkpoint, drawn):
             assert f.intact()
 
 
-@fuzz(15)
+@fuzz(15, shrink=False)
 @given(drawn=option_draws([Option("--last", "int")]))
 def test_average_checkpoints_options(random_checkpoint, drawn):
     with files(random_checkpoint) as f:
@@ -208,7 +211,7 @@ def test_average_checkpoints_options(random_checkpoint, drawn):
             assert f.intact()
 
 
-@fuzz(15)
+@fuzz(15, shrink=False)
 @given(drawn=option_draws([Option("--format", "choice", ("ctranslate2", "hf")),
                            Option("--quantization", "choice", ("float32", "int8", "float16")),
                            Option("--vocab-map-size", "int"),
@@ -225,7 +228,7 @@ def test_export_options(random_checkpoint, drawn, vocab_map):
             assert not output.exists()
 
 
-@fuzz(10)
+@fuzz(10, shrink=False)
 @given(hf_dir=TEXT, output=TEXT)
 def test_import_hf_paths(random_checkpoint, hf_dir, output):
     """Any text as the two paths (none of them a Marian directory)."""
@@ -236,7 +239,7 @@ def test_import_hf_paths(random_checkpoint, hf_dir, output):
         assert status != 0
 
 
-@fuzz(15)
+@fuzz(15, shrink=False)
 @given(drawn=option_draws([Option("--port", "int"), Option("--host", "text"), *MODEL[:2],
                            Option("--engine", "choice", ("torch", "ctranslate2"))]))
 def test_serve_options(random_checkpoint, drawn):
@@ -251,7 +254,7 @@ def test_serve_options(random_checkpoint, drawn):
         assert len(ports) == 1 and 0 <= ports[0] <= 65535
 
 
-@fuzz(8)
+@fuzz(4, shrink=False)
 @given(drawn=option_draws([Option("--source", "text"), Option("--target", "text"),
                            Option("--beam-size", "int"), *MODEL[:2]]))
 def test_attention_maps_options(random_checkpoint, drawn):
@@ -263,7 +266,7 @@ def test_attention_maps_options(random_checkpoint, drawn):
         check_answer(drawn, status, err)
 
 
-@fuzz(4)
+@fuzz(4, shrink=False)
 @given(drawn=option_draws([Option("--beam-size", "int"), *EVALUATION]))
 def test_head_importance_options(random_checkpoint, drawn):
     with files(random_checkpoint) as f:
@@ -273,7 +276,7 @@ def test_head_importance_options(random_checkpoint, drawn):
         check_answer(drawn, status, err)
 
 
-@fuzz(10)
+@fuzz(10, shrink=False)
 @given(drawn=option_draws([Option("--fraction", "float"), Option("--no-normalize", "flag"),
                            *EVALUATION]))
 def test_prune_heads_options(random_checkpoint, drawn):
@@ -286,7 +289,7 @@ def test_prune_heads_options(random_checkpoint, drawn):
             assert f.intact()
 
 
-@fuzz(10)
+@fuzz(10, shrink=False)
 @given(drawn=option_draws([Option("--title", "text"), Option("--labels", "text")]))
 def test_plot_curves_options(random_checkpoint, drawn):
     """Runs without TensorBoard logs: refused on one line, the PNG left as it was."""

@@ -6,7 +6,6 @@ store may be left behind."""
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import io
 import json
@@ -16,22 +15,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import currently_in_test_context, event, given, settings
+from conftest import assert_one_line, assert_reported, fuzz, run_command  # tests/conftest.py
+from hypothesis import given
 from hypothesis import strategies as st
 
-from transformer import cli
 from transformer.config import DataConfig
 from transformer.data import load_data, split_store
 from transformer.errors import DataError, TransformerError
 from transformer.store import ParallelCorpus, read_meta
 from transformer.text import iter_lines, read_lines, read_parallel
 from transformer.tokenizer import Tokenizer, TokenizerPair
-
-
-def fuzz(examples: int) -> settings:
-    """Reproducible runs (derandomized, no example database) of `examples` cases."""
-    return settings(max_examples=examples, deadline=None, derandomize=True, database=None)
-
 
 # ---- corpus bytes -----------------------------------------------------------------------
 
@@ -64,13 +57,6 @@ def expected_lines(data: bytes) -> list[str]:
     if lines[-1] == "":
         lines.pop()
     return [line.removesuffix("\r").replace("\r", " ") for line in lines]
-
-
-def assert_one_line(error: Exception) -> None:
-    """A refusal (counted in `--hypothesis-show-statistics`) on one line."""
-    if currently_in_test_context():
-        event(f"refused: {type(error).__name__}")
-    assert str(error) and "\n" not in str(error), repr(str(error))
 
 
 @fuzz(40)
@@ -173,28 +159,7 @@ def test_load_data_on_any_corpus_gives_stores_or_a_data_error(tokenizers, src, t
         assert len(batch) == len(data.train)
 
 
-def run_command(argv: list[str]) -> tuple[int, str]:
-    """`transformer ARGV` in this process: (exit status, what it wrote on stderr)."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            status = cli.main(argv)
-        except SystemExit as e:  # Hydra's and argparse's own exits
-            status = e.code
-    return status, err.getvalue()
-
-
-def assert_reported(status: int, err: str) -> None:
-    """Exit 0, or exit 1 with one `error: <one line>` as the last thing on stderr (after
-    the run's log lines) and no traceback."""
-    assert status in (0, 1), err
-    assert "Traceback" not in err, err
-    if status == 1:
-        assert err.endswith("\n") and err.splitlines()[-1].startswith("error: "), err
-        assert sum(line.startswith("error:") for line in err.splitlines()) == 1, err
-
-
-@fuzz(4)
+@fuzz(4, shrink=False)
 @given(src=LINES, tgt=LINES)
 def test_prepare_data_reports_any_corpus_error_on_one_line(multi30k_small_tokenizer_path,
                                                            src, tgt):

@@ -5,58 +5,26 @@ the package's error on one line, and a command that fails must leave no output b
 
 from __future__ import annotations
 
-import contextlib
-import io
+import json
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import currently_in_test_context, event, given, settings
+from conftest import assert_one_line, assert_reported, fuzz, run_command  # tests/conftest.py
+from hypothesis import given
 from hypothesis import strategies as st
 
-from transformer import cli
 from transformer.checkpoint import load_checkpoint, save_checkpoint
 from transformer.engines import load_translator
-from transformer.errors import CheckpointError, DataError, TransformerError
+from transformer.errors import CheckpointError, DataError, ExportError, TransformerError
 from transformer.tokenizer import Tokenizer
 from transformer.translator import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 SENTENCE = "A man rides a bike."
-
-
-def fuzz(examples: int) -> settings:
-    """Reproducible runs (derandomized, no example database) of `examples` cases."""
-    return settings(max_examples=examples, deadline=None, derandomize=True, database=None)
-
-
-def assert_one_line(error: Exception) -> None:
-    """A refusal (counted in `--hypothesis-show-statistics`) on one line."""
-    if currently_in_test_context():
-        event(f"refused: {type(error).__name__}")
-    assert str(error) and "\n" not in str(error), repr(str(error))
-
-
-def run_command(argv: list[str]) -> tuple[int, str]:
-    """`transformer ARGV` in this process: (exit status, what it wrote on stderr)."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            status = cli.main(argv)
-        except SystemExit as e:
-            status = e.code
-    return status, err.getvalue()
-
-
-def assert_reported(status: int, err: str) -> None:
-    """Exit 0, or exit 1 with `error: <one line>` last on stderr and no traceback."""
-    assert status in (0, 1), err
-    assert "Traceback" not in err, err
-    if status == 1:
-        assert err.endswith("\n") and err.splitlines()[-1].startswith("error: "), err
 
 
 # ---- damaged bytes --------------------------------------------------------------------------
@@ -117,12 +85,15 @@ def _replace(state: dict, where: tuple[str, ...], value: object) -> dict:
 
 
 def places(state: dict) -> list[tuple[str, ...]]:
-    """Every entry of a checkpoint a fuzzer may replace: its top-level fields, each key of
-    its model config, training config groups and decoding settings, and its tokenizer."""
+    """Every entry of a checkpoint (or an export's description) a fuzzer may replace: its
+    top-level fields, each key of its model config and decoding settings, its tokenizer's
+    sides, its training config's groups and some of its tensors."""
     found = [(key,) for key in sorted(state)] + [("decoding", key) for key in
                                                  ("beam_size", "alpha", "max_len_a", "max_len_b")]
     found += [("model_config", key) for key in sorted(state["model_config"])]
     found += [("tokenizer", side) for side in ("src", "tgt")]
+    if "languages" in state:  # an export
+        return found + [("languages", side) for side in ("src", "tgt")]
     found += [("config", group) for group in ("model", "data", "optim", "trainer", "seed")]
     found += [("model", name) for name in sorted(state["model"])[:4]]
     return found
@@ -204,6 +175,35 @@ def test_a_damaged_ctranslate2_export_is_refused_or_translates(ct2_export, data)
         assert isinstance(output, str)
 
 
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-(1 << 40), 1 << 40)
+                           | st.floats(allow_nan=False) | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=4), inner, max_size=2),
+                           max_leaves=5)
+
+
+@fuzz(25)
+@given(data=st.data())
+def test_an_export_with_an_odd_description_is_refused_or_translates(ct2_export, data):
+    """An export whose transformer.json holds one odd value (any field, or a key of its
+    model config, decoding settings, tokenizer and languages): ExportError on one line, or
+    a translator that works."""
+    info = json.loads((ct2_export / "transformer.json").read_text())
+    where = data.draw(st.sampled_from(places(info)), label="where")
+    value = data.draw(JSON_VALUES, label="value")
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp, "export")
+        shutil.copytree(ct2_export, directory)
+        (directory / "transformer.json").write_text(json.dumps(_replace(info, where, value)))
+        try:
+            output = load_translator(directory, "ctranslate2", device="cpu",
+                                     threads=1).translate([SENTENCE])[0]
+        except TransformerError as e:
+            assert_one_line(e)
+            return
+        assert isinstance(output, str)
+
+
 @pytest.fixture(scope="module")
 def hf_directory(random_checkpoint, tmp_path_factory) -> Path:
     from transformer.hf import export_hf
@@ -213,7 +213,7 @@ def hf_directory(random_checkpoint, tmp_path_factory) -> Path:
     return directory
 
 
-@fuzz(30)
+@fuzz(30, shrink=False)
 @given(data=st.data())
 def test_import_hf_of_a_damaged_directory_reports_one_line_and_writes_nothing(hf_directory,
                                                                               data):
@@ -233,6 +233,30 @@ def test_import_hf_of_a_damaged_directory_reports_one_line_and_writes_nothing(hf
         if status == 1:
             assert not (run / "checkpoints" / "checkpoint_best.pt").exists()
             assert not any(run.rglob("*.tmp")) if run.exists() else True
+            return
+        translator = Translator.load(run, device="cpu")
+        assert isinstance(translator.translate([SENTENCE])[0], str)
+
+
+@fuzz(20, shrink=False)
+@given(data=st.data())
+def test_import_hf_of_an_odd_json_file_reports_one_line(hf_directory, data):
+    """`transformer import-hf` on a Marian directory whose config.json, vocab.json or
+    tokenizer_config.json holds one odd value (any key): a checkpoint that translates, or
+    `error: <one line>` and no run directory."""
+    name = data.draw(st.sampled_from(["config.json", "vocab.json", "tokenizer_config.json"]),
+                     label="file")
+    values = json.loads((hf_directory / name).read_text())
+    key = data.draw(st.sampled_from(sorted(values)), label="key")
+    value = data.draw(JSON_VALUES, label="value")
+    with tempfile.TemporaryDirectory() as tmp:
+        directory, run = Path(tmp, "marian"), Path(tmp, "run")
+        shutil.copytree(hf_directory, directory)
+        (directory / name).write_text(json.dumps({**values, key: value}))
+        status, err = run_command(["import-hf", str(directory), "--output", str(run)])
+        assert_reported(status, err)
+        if status == 1:
+            assert not (run / "checkpoints" / "checkpoint_best.pt").exists()
             return
         translator = Translator.load(run, device="cpu")
         assert isinstance(translator.translate([SENTENCE])[0], str)
@@ -278,3 +302,31 @@ def test_found_by_fuzzing_damaged_sentencepiece_models(multi30k_small_tokenizer_
     with pytest.raises(DataError, match="not a usable SentencePiece model") as info:
         Tokenizer.load(path)
     assert_one_line(info.value)
+
+
+@pytest.mark.parametrize("where", [("decoding",), ("tokenizer",), ("tokenizer", "src")])
+def test_found_by_fuzzing_exports_with_an_odd_description(ct2_export, tmp_path, where):
+    """null for the decoding settings was an AttributeError, for the tokenizer's files a
+    TypeError."""
+    info = json.loads((ct2_export / "transformer.json").read_text())
+    directory = tmp_path / "export"
+    shutil.copytree(ct2_export, directory)
+    (directory / "transformer.json").write_text(json.dumps(_replace(info, where, None)))
+    with pytest.raises(ExportError) as error:
+        load_translator(directory, "ctranslate2", device="cpu", threads=1)
+    assert_one_line(error.value)
+
+
+@pytest.mark.parametrize("name, key, value", [
+    ("config.json", "dropout", None),  # a TypeError from float()
+    ("config.json", "attention_dropout", [0.1]),
+    ("vocab.json", "'", None),  # a TypeError comparing ids
+])
+def test_found_by_fuzzing_an_odd_hugging_face_file(hf_directory, tmp_path, name, key, value):
+    values = json.loads((hf_directory / name).read_text())
+    directory, run = tmp_path / "marian", tmp_path / "run"
+    shutil.copytree(hf_directory, directory)
+    (directory / name).write_text(json.dumps({**values, key: value}))
+    status, err = run_command(["import-hf", str(directory), "--output", str(run)])
+    assert status == 1, err
+    assert_reported(status, err)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import fuzz  # tests/conftest.py
 from fastapi.testclient import TestClient
-from hypothesis import event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from transformer.serve import MAX_CHARS, create_app
@@ -22,11 +23,6 @@ TRANSLATE_FIELDS = ("text", "prefix", "beam_size", "nbest", "alpha", "max_len_a"
                     "sampling_topk", "sampling_topp", "temperature", "seed", "alignment",
                     "alignment_layer", "alignment_head")
 ATTENTION_FIELDS = ("text", "beam_size")
-
-
-def fuzz(examples: int) -> settings:
-    """Reproducible runs (derandomized, no example database) of `examples` cases."""
-    return settings(max_examples=examples, deadline=None, derandomize=True, database=None)
 
 
 @pytest.fixture(scope="module")

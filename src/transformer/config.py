@@ -49,6 +49,8 @@ def _check(ok: bool, message: str) -> None:
 def _known_fields(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
     """The entries of `values` that are fields of the dataclass `cls` (a stored config may
     come from another version of the package, with keys this one does not know)."""
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"expected the fields of {cls.__name__} as a mapping, got {values!r}")
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in values.items() if k in names}
 

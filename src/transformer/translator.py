@@ -193,7 +193,7 @@ class BaseTranslator(ABC):
         length like `translate`. A blank source is read as just EOS."""
         if len(sources) != len(targets):
             raise DataError(f"{len(sources)} sources but {len(targets)} translations to score")
-        alpha = self.decoding.alpha if alpha is None else alpha
+        alpha = self.request(alpha=alpha).alpha  # None: the default; checked as a request's
         eos = self.tokenizers.src.specials.eos
         src = [ids or [eos] for ids in self._encode(sources, line_offset)]
         tgt = self.tokenizers.tgt.encode_batch(list(targets))
