@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import random
 import socket
 import subprocess
 import time
@@ -24,6 +25,9 @@ import pytest
 
 if TYPE_CHECKING:
     from hypothesis import settings
+
+    from transformer.model import Transformer
+    from transformer.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K_SLICE = REPO / "tests" / "data" / "multi30k"
@@ -230,6 +234,68 @@ def en_de_checkpoint(multi30k_tokenizer, tmp_path_factory) -> Path:
                                          decoding=DecodingSettings(alpha=1.0, beam_size=4)),
                     path)
     return path
+
+
+# ---- the copy task: a model that must learn --------------------------------------------------
+
+def copy_sentence(rng: random.Random) -> str:
+    """1-4 words of 1-3 letters of 'abcdef'."""
+    words = ("".join(rng.choice("abcdef") for _ in range(rng.randint(1, 3)))
+             for _ in range(rng.randint(1, 4)))
+    return " ".join(words)
+
+
+@pytest.fixture(scope="session")
+def copy_checkpoint(tmp_path_factory) -> Path:
+    """A tiny model trained from scratch to copy sentences of 1-4 words over 'abcdef' (~20 s):
+    the model that must learn (tests/test_model.py) and that translates exactly
+    (tests/test_translate.py)."""
+    from transformer.checkpoint import inference_checkpoint, save_checkpoint
+    from transformer.tokenizer import Tokenizer, TokenizerPair
+
+    rng = random.Random(0)
+    tokenizer = Tokenizer.train([copy_sentence(rng) for _ in range(2000)], vocab_size=24,
+                                byte_fallback=False)
+    model = train_copy_model(tokenizer, rng)
+    path = tmp_path_factory.mktemp("copy") / "copy.pt"
+    save_checkpoint(inference_checkpoint(model, TokenizerPair(tokenizer, tokenizer),
+                                         training_config=None), path)
+    return path
+
+
+def train_copy_model(tokenizer: Tokenizer, rng: random.Random, steps: int = 700) -> Transformer:
+    """Adam with warmup and a linear decay, plain cross-entropy, batches of 64 sentences."""
+    import torch
+    from torch import nn
+
+    from transformer.model import ModelConfig, Transformer
+    from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+    torch.manual_seed(0)
+    vocab = tokenizer.vocab_size
+    model = Transformer(ModelConfig(
+        src_vocab_size=vocab, tgt_vocab_size=vocab, num_hiddens=64, ffn_num_hiddens=128,
+        num_heads=4, num_encoder_layers=2, num_decoder_layers=2, dropout=0.0, max_positions=64))
+    opt = torch.optim.Adam(model.parameters(), lr=5e-3, betas=(0.9, 0.98))
+    warmup = 100  # linear warmup, then linear decay to 0: converges to (near) exact copies
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / (steps - warmup))))
+    loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID)
+    model.train()
+    for _ in range(steps):
+        seqs = [tokenizer.encode(copy_sentence(rng)) + [EOS_ID] for _ in range(64)]
+        longest = max(map(len, seqs))
+        src = torch.tensor([s + [PAD_ID] * (longest - len(s)) for s in seqs])
+        lens = torch.tensor([len(s) for s in seqs])
+        tgt_in = torch.cat([torch.full((64, 1), BOS_ID),
+                            src[:, :-1].masked_fill(src[:, :-1] == EOS_ID, PAD_ID)], 1)
+        loss = loss_fn(model(src, lens, tgt_in).flatten(0, 1), src.flatten())
+        opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    return model.eval()
 
 
 def reusing_venv(directory: Path) -> Path:

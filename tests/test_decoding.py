@@ -19,7 +19,8 @@ from transformer.decoding import (
 from transformer.errors import ConfigError
 
 BAD = [  # (the request's fields, the field the error names, words of its message)
-    (dict(beam_size=0), "beam_size", "beam_size must be >= 1"),
+    (dict(beam_size=0), "beam_size", r"beam_size must be in \[1, 1024\], got 0"),
+    (dict(beam_size=2 ** 63, nbest=1), "beam_size", "beam_size must be in"),
     (dict(nbest=0), "nbest", "nbest must be >= 1"),
     (dict(beam_size=2, nbest=3), "nbest", "nbest 3 must be at most the beam size 2"),
     (dict(alpha=-0.5), "alpha", "alpha must be >= 0"),

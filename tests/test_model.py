@@ -1,10 +1,14 @@
 """The Transformer: causality, padding invariance, cached decoding, learning a task."""
 
+import random
+
 import pytest
 import torch
+from conftest import copy_sentence
 from torch import nn
 
 from transformer.blocks import AddNorm, DecoderBlock, EncoderBlock, PositionWiseFFN
+from transformer.checkpoint import load_checkpoint, model_from_checkpoint, tokenizers_from_state
 from transformer.model import ModelConfig, PositionalEncoding, Transformer
 
 PAD, BOS, EOS = 0, 2, 3
@@ -162,44 +166,19 @@ def greedy_decode(model, src, src_lens, max_len):
     return torch.cat(out, 1)
 
 
-def copy_batch(B, g, vocab=20):
-    """Random sequences of lengths 5-20 over tokens 4..vocab-1, as (src + EOS, padded)."""
-    lens = torch.randint(5, 21, (B,), generator=g)
-    seq = torch.randint(4, vocab, (B, 20), generator=g)
-    seq = seq.masked_fill(torch.arange(20)[None] >= lens[:, None], PAD)
-    src = torch.cat([seq, torch.full((B, 1), PAD)], 1)
-    src[torch.arange(B), lens] = EOS
-    return src, lens + 1
-
-
-def test_learns_copy_task():
-    """A small model from scratch copies fresh random sequences with >= 95% token accuracy."""
-    torch.manual_seed(0)
-    g = torch.Generator().manual_seed(0)
-    vocab = 20
-    model = Transformer(ModelConfig(
-        src_vocab_size=vocab, tgt_vocab_size=vocab, num_hiddens=64, ffn_num_hiddens=128,
-        num_heads=4, num_encoder_layers=2, num_decoder_layers=2, dropout=0.0))
-    opt = torch.optim.Adam(model.parameters(), lr=5e-3, betas=(0.9, 0.98))
-    warmup = 200  # linear warmup, then inverse square root decay
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warmup, (warmup / (s + 1)) ** 0.5))
-    loss_fn = nn.CrossEntropyLoss(ignore_index=PAD)
-    model.train()
-    for _ in range(500):
-        src, src_lens = copy_batch(64, g, vocab)
-        tgt_in = torch.cat([torch.full((64, 1), BOS), src[:, :-1]], 1)  # BOS + sequence
-        tgt_out = src  # sequence + EOS
-        loss = loss_fn(model(src, src_lens, tgt_in).flatten(0, 1), tgt_out.flatten())
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-    model.eval()
-    src, src_lens = copy_batch(200, torch.Generator().manual_seed(123), vocab)
+def test_learns_copy_task(copy_checkpoint):
+    """A small model trained from scratch (conftest's `copy_checkpoint`: Adam, cross-entropy)
+    copies 200 fresh sentences with >= 95% token accuracy, decoded here step by step with
+    the model's own `decode_step` (no search code)."""
+    state = load_checkpoint(copy_checkpoint)
+    model, tokenizer = model_from_checkpoint(state), tokenizers_from_state(state).src
+    rng = random.Random(123)
+    pieces = [tokenizer.encode(copy_sentence(rng)) + [EOS] for _ in range(200)]
+    longest = max(map(len, pieces))
+    src = torch.tensor([p + [PAD] * (longest - len(p)) for p in pieces])
+    src_lens = torch.tensor([len(p) for p in pieces])
     with torch.no_grad():
-        pred = greedy_decode(model, src, src_lens, src.shape[1])
+        pred = greedy_decode(model.eval(), src, src_lens, longest)
     real = src != PAD  # every real target token, EOS included
     accuracy = (pred == src)[real].float().mean().item()
     assert accuracy >= 0.95, f"copy-task token accuracy {accuracy:.3f} < 0.95"

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import sacrebleu
 import torch
+from conftest import copy_sentence
 from outputs import scored
-from torch import nn
 
 from transformer.alignment import format_alignment, word_alignment
 from transformer.checkpoint import inference_checkpoint, save_checkpoint, stored_decoding
@@ -34,7 +34,7 @@ from transformer.loss import teacher_forced_loss
 from transformer.model import ModelConfig, Transformer
 from transformer.search import beam_search, length_penalty, sample_search
 from transformer.store import ParallelCorpus
-from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerPair
+from transformer.tokenizer import EOS_ID, PAD_ID, Tokenizer, TokenizerPair
 from transformer.translator import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
@@ -77,50 +77,6 @@ def random_runs(multi30k_small_tokenizer, tmp_path_factory) -> list[Path]:
         save(model, multi30k_small_tokenizer, run / "checkpoints" / "checkpoint_best.pt")
         runs.append(run)
     return runs
-
-
-def copy_sentence(rng: random.Random) -> str:
-    words = ("".join(rng.choice("abcdef") for _ in range(rng.randint(1, 3)))
-             for _ in range(rng.randint(1, 4)))
-    return " ".join(words)
-
-
-@pytest.fixture(scope="module")
-def copy_checkpoint(tmp_path_factory) -> Path:
-    """A tiny model trained to copy sentences of 1-4 words over 'abcdef' (~20 s, 1 thread)."""
-    rng = random.Random(0)
-    tokenizer = Tokenizer.train([copy_sentence(rng) for _ in range(2000)], vocab_size=24,
-                                byte_fallback=False)
-    model = train_copy_model(tokenizer, rng)
-    return save(model, tokenizer, tmp_path_factory.mktemp("copy") / "copy.pt")
-
-
-def train_copy_model(tokenizer: Tokenizer, rng: random.Random, steps: int = 700) -> Transformer:
-    torch.manual_seed(0)
-    vocab = tokenizer.vocab_size
-    model = Transformer(ModelConfig(
-        src_vocab_size=vocab, tgt_vocab_size=vocab, num_hiddens=64, ffn_num_hiddens=128,
-        num_heads=4, num_encoder_layers=2, num_decoder_layers=2, dropout=0.0, max_positions=64))
-    opt = torch.optim.Adam(model.parameters(), lr=5e-3, betas=(0.9, 0.98))
-    warmup = 100  # linear warmup, then linear decay to 0: converges to (near) exact copies
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / (steps - warmup))))
-    loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID)
-    model.train()
-    for _ in range(steps):
-        seqs = [tokenizer.encode(copy_sentence(rng)) + [EOS_ID] for _ in range(64)]
-        longest = max(map(len, seqs))
-        src = torch.tensor([s + [PAD_ID] * (longest - len(s)) for s in seqs])
-        lens = torch.tensor([len(s) for s in seqs])
-        tgt_in = torch.cat([torch.full((64, 1), BOS_ID),
-                            src[:, :-1].masked_fill(src[:, :-1] == EOS_ID, PAD_ID)], 1)
-        loss = loss_fn(model(src, lens, tgt_in).flatten(0, 1), src.flatten())
-        opt.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
@@ -486,10 +442,11 @@ def test_script_score(copy_checkpoint, copy_inputs, tmp_path):
     (["--alignment-head", "1"], "--alignment-layer and --alignment-head need --alignment", 1),
     (["--nbest", "9"], "--nbest 9 must be at most the beam size 5", 1),
     (["--alpha", "-1"], "--alpha must be >= 0", 1),
-    (["--threads", "0"], "--threads must be >= 1, got 0", 1),
-    (["--chunk-lines", "0"], "--chunk-lines must be >= 1, got 0", 1),
-    (["--score"], "--score", 2),
-    (["--score", "--reference", "REF", "--alignment"], "--alignment", 2),
+    (["--threads", "0"], "--threads must be in [1, 2147483647], got 0", 1),
+    (["--chunk-lines", "0"], "--chunk-lines must be in [1, 2147483647], got 0", 1),
+    (["--score"], "--score needs --input and --reference", 1),
+    (["--score", "--reference", "REF", "--alignment"], "it excludes --alignment", 1),
+    (["--beam-size", "x"], "invalid int value", 2),
 ])
 def test_script_bad_mode_options_name_the_option(copy_checkpoint, copy_inputs, tmp_path, capsys,
                                                  options, named, status):

@@ -28,7 +28,10 @@ from typing import Any
 from .config import DecodingSettings
 from .errors import ConfigError
 
-__all__ = ["RequestError", "Sampling", "AlignmentOptions", "DecodingRequest", "option_name"]
+__all__ = ["MAX_BEAM_SIZE", "RequestError", "Sampling", "AlignmentOptions", "DecodingRequest",
+           "option_name"]
+
+MAX_BEAM_SIZE = 1024  # hypotheses per sentence: far beyond use, within what memory holds
 
 
 class RequestError(ConfigError):
@@ -152,7 +155,8 @@ class DecodingRequest:
 
     def __post_init__(self) -> None:
         _check_types(self, {})
-        _need(self.beam_size >= 1, "beam_size", f"{{beam_size}} must be >= 1, got {self.beam_size}")
+        _need(1 <= self.beam_size <= MAX_BEAM_SIZE, "beam_size",
+              f"{{beam_size}} must be in [1, {MAX_BEAM_SIZE}], got {self.beam_size}")
         _need(self.nbest >= 1, "nbest", f"{{nbest}} must be >= 1, got {self.nbest}")
         _need(self.alpha >= 0, "alpha", f"{{alpha}} must be >= 0, got {self.alpha}")
         _need(self.max_len_a >= 0, "max_len_a", f"{{max_len_a}} must be >= 0, got {self.max_len_a}")

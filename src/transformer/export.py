@@ -274,6 +274,7 @@ def read_export(directory: PathLike) -> tuple[ExportInfo, TokenizerPair]:
         src = Tokenizer.load(directory / info.tokenizer["src"], tables.get("src"))
         tgt = (src if info.tokenizer["tgt"] == info.tokenizer["src"]
                else Tokenizer.load(directory / info.tokenizer["tgt"], tables.get("tgt")))
-    except (OSError, RuntimeError, ValueError, KeyError) as e:
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError) as e:  # TypeError: a
+        # `tokenizer` entry that is not a mapping of file names
         raise ExportError(f"{directory}: unreadable SentencePiece model: {e}") from e
     return info, TokenizerPair(src, tgt)

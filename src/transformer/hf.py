@@ -232,9 +232,10 @@ def hf_model_config(cfg: dict[str, Any], path: PathLike = "config.json") -> Mode
         raise CheckpointError(f"{path}: {key}={cfg.get(key)!r} is not supported: {why}")
 
     model_type = cfg.get("model_type")
-    if model_type not in NORM_FIRST_BY_MODEL_TYPE:
+    if not isinstance(model_type, str) or model_type not in NORM_FIRST_BY_MODEL_TYPE:
         fail("model_type", f"the bridge reads {' and '.join(NORM_FIRST_BY_MODEL_TYPE)} models")
-    if cfg.get("activation_function") not in ACTIVATION_FROM_HF:
+    activation = cfg.get("activation_function")
+    if not isinstance(activation, str) or activation not in ACTIVATION_FROM_HF:
         fail("activation_function", f"the FFN computes {', '.join(ACTIVATION_FROM_HF)}")
     if cfg.get("scale_embedding") is not True:
         fail("scale_embedding", "our embeddings are always scaled by sqrt(d_model)")
@@ -275,7 +276,7 @@ def hf_model_config(cfg: dict[str, Any], path: PathLike = "config.json") -> Mode
             eos_id=cfg["eos_token_id"])
     except KeyError as e:
         raise CheckpointError(f"{path} has no {e.args[0]!r}") from None
-    except ValueError as e:
+    except (ValueError, TypeError) as e:  # TypeError: float(None), float([...])
         raise CheckpointError(f"{path}: {e}") from None
 
 
@@ -332,7 +333,9 @@ def read_hf_tokenizers(directory: Path, config: ModelConfig) -> TokenizerPair:
         vocab = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise CheckpointError(f"unreadable {path}: {e}") from None
-    pieces = sorted(vocab, key=vocab.__getitem__) if isinstance(vocab, dict) else []
+    ids_are_ints = isinstance(vocab, dict) and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in vocab.values())
+    pieces = sorted(vocab, key=vocab.__getitem__) if ids_are_ints else []
     if [vocab[p] for p in pieces] != list(range(config.tgt_vocab_size)):
         raise CheckpointError(f"{path} must map {config.tgt_vocab_size} pieces (config.json's "
                               f"vocab_size) to the ids 0..{config.tgt_vocab_size - 1}")

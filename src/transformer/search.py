@@ -79,8 +79,9 @@ def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
 def max_output_lengths(src_valid_lens: Tensor, max_len_a: float, max_len_b: int,
                        max_positions: int) -> Tensor:
     """The most output tokens (EOS not counted) per sentence: a * source_len + b, within
-    the model's limit (BOS + output must fit in `max_positions`)."""
-    lengths = (src_valid_lens.float() * max_len_a).long() + max_len_b
+    the model's limit (BOS + output must fit in `max_positions`; a and b of any size)."""
+    lengths = ((src_valid_lens.float() * max_len_a).clamp(max=max_positions).long()
+               + min(max_len_b, max_positions))
     return lengths.clamp(min=1, max=max_positions - 1)
 
 

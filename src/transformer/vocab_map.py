@@ -94,7 +94,9 @@ def _likeliest_targets(src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], tgt
     sources, targets, counts = sources[keep], targets[keep], counts[keep]
     order = np.lexsort((targets, -counts, sources))  # by source, then most pairs first
     sources, targets = sources[order], targets[order]
-    starts = np.flatnonzero(np.r_[True, sources[1:] != sources[:-1]]) if len(sources) else []
+    if not len(sources):  # no piece pair was seen MIN_PAIRS times
+        return {}
+    starts = np.flatnonzero(np.r_[True, sources[1:] != sources[:-1]])
     ends = np.r_[starts[1:], len(sources)].astype(np.int64)
     return {int(sources[a]): targets[a:min(b, a + per_source)].tolist()
             for a, b in zip(starts, ends, strict=True)}

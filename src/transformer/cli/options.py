@@ -65,13 +65,16 @@ def add_max_tokens(parser: argparse.ArgumentParser,
                         help="source tokens per batch (padding included, before the beam)")
 
 
+MAX_COUNT = 2 ** 31 - 1  # threads, tokens or lines at a time: beyond any machine
+
+
 def check_counts(args: argparse.Namespace, *names: str) -> None:
     """`--threads`, `--max-tokens` and the options `names` (e.g. "chunk_lines"), where a
-    command has them, are >= 1: `ConfigError` naming the option (exit 1)."""
+    command has them, are in [1, MAX_COUNT]: `ConfigError` naming the option (exit 1)."""
     for name in ("threads", "max_tokens", *names):
         value = getattr(args, name, None)
-        if value is not None and value < 1:
-            raise ConfigError(f"{option_name(name)} must be >= 1, got {value}")
+        if value is not None and not 1 <= value <= MAX_COUNT:
+            raise ConfigError(f"{option_name(name)} must be in [1, {MAX_COUNT}], got {value}")
 
 
 def load_model(args: argparse.Namespace) -> BaseTranslator:

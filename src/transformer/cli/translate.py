@@ -47,7 +47,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..config import DecodingSettings
 from ..decoding import DecodingRequest
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from ..files import atomic_write
 from ..text import iter_lines, read_lines
 from . import report_errors
@@ -99,7 +99,7 @@ def _count_lines(path: Path) -> int:
 
 
 def run(args: argparse.Namespace) -> None:
-    check_counts(args, "chunk_lines")
+    _check_modes(args)
     if args.score:
         return run_score(args)
     references = read_lines(args.reference) if args.reference else None
@@ -191,12 +191,15 @@ def _paper_lang(args: argparse.Namespace) -> str:
     return lang
 
 
-def _check_modes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Options of this command that cannot go together: one line naming the option. (The
-    decoding options are checked together, as one request, once the model is loaded.)"""
+def _check_modes(args: argparse.Namespace) -> None:
+    """Options of this command that cannot go together: `ConfigError` naming the option.
+    (The decoding options are checked together, as one request, once the model is
+    loaded.)"""
+    check_counts(args, "chunk_lines")
     if args.score:
         if args.reference is None or args.input is None:
-            parser.error("--score needs --input and --reference (the translations to score)")
+            raise ConfigError("--score needs --input and --reference (the translations to "
+                              "score)")
         sampling = [name for name in ("--sampling-topk", "--sampling-topp", "--temperature")
                     if getattr(args, name[2:].replace("-", "_")) is not None]
         others = [name for name, given in (
@@ -204,12 +207,10 @@ def _check_modes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
             ("--alignment", args.alignment), ("--nbest", args.nbest > 1),
             (sampling[0] if sampling else "", sampling)) if given]
         if others:
-            parser.error(f"--score scores given translations: it excludes {others[0]}")
+            raise ConfigError(f"--score scores given translations: it excludes {others[0]}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    _check_modes(parser, args)
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     return report_errors(lambda: run(args))
