@@ -263,7 +263,7 @@ def copy_checkpoint(tmp_path_factory) -> Path:
     return path
 
 
-def train_copy_model(tokenizer: Tokenizer, rng: random.Random, steps: int = 700) -> Transformer:
+def train_copy_model(tokenizer: Tokenizer, rng: random.Random, steps: int = 450) -> Transformer:
     """Adam with warmup and a linear decay, plain cross-entropy, batches of 64 sentences."""
     import torch
     from torch import nn
