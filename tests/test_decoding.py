@@ -4,12 +4,15 @@ options of the command line and the server."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 
 import pytest
 
+from transformer.cli.translate import build_parser
 from transformer.config import DecodingSettings
 from transformer.decoding import (
+    OPTIONS,
     AlignmentOptions,
     DecodingRequest,
     RequestError,
@@ -114,3 +117,15 @@ def test_requests_are_frozen_and_derived_with_replace():
         greedy.beam_size = 3  # type: ignore[misc]
     with pytest.raises(RequestError, match="nbest"):
         replace(greedy, nbest=2)  # replace checks again
+
+
+def test_the_command_and_the_server_take_the_same_options():
+    """`OPTIONS` are `from_options`' parameters, `transformer translate`'s options and the
+    server's fields besides the sentences and their prefixes."""
+    from transformer.serve import TranslateRequest
+
+    parameters = inspect.signature(DecodingRequest.from_options).parameters
+    assert set(OPTIONS) == set(parameters) - {"defaults"}
+    assert set(TranslateRequest.model_fields) - {"text", "prefix"} == set(OPTIONS)
+    args = vars(build_parser().parse_args(["--checkpoint", "x.pt"]))
+    assert set(OPTIONS) <= set(args)

@@ -14,15 +14,13 @@ from fastapi.testclient import TestClient
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from transformer.serve import MAX_CHARS, create_app
+from transformer.serve import MAX_CHARS, AttentionRequest, TranslateRequest, create_app
 from transformer.translator import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
-TRANSLATE_FIELDS = ("text", "prefix", "beam_size", "nbest", "alpha", "max_len_a", "max_len_b",
-                    "sampling_topk", "sampling_topp", "temperature", "seed", "alignment",
-                    "alignment_layer", "alignment_head")
-ATTENTION_FIELDS = ("text", "beam_size")
+TRANSLATE_FIELDS = tuple(TranslateRequest.model_fields)  # every field, new ones included
+ATTENTION_FIELDS = tuple(AttentionRequest.model_fields)
 
 
 @pytest.fixture(scope="module")
@@ -87,20 +85,23 @@ def still_serving(client) -> None:
     assert response.status_code == 200, response.text
 
 
+def check_json_body(client, path: str, body: dict) -> None:
+    """POST `body` to `path`: a sound answer (`check_answer`), and the server goes on."""
+    check_answer(client.post(path, content=json.dumps(body).encode(),
+                             headers={"content-type": "application/json"}))
+    still_serving(client)
+
+
 @fuzz(30)
 @given(body=bodies(TRANSLATE_FIELDS))
 def test_translate_answers_any_json_body(client, body):
-    check_answer(client.post("/translate", content=json.dumps(body).encode(),
-                             headers={"content-type": "application/json"}))
-    still_serving(client)
+    check_json_body(client, "/translate", body)
 
 
 @fuzz(15)
 @given(body=bodies(ATTENTION_FIELDS))
 def test_attention_answers_any_json_body(client, body):
-    check_answer(client.post("/attention", content=json.dumps(body).encode(),
-                             headers={"content-type": "application/json"}))
-    still_serving(client)
+    check_json_body(client, "/attention", body)
 
 
 RAW = st.one_of(

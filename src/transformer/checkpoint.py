@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import pickle
 import random
@@ -254,17 +253,8 @@ def stored_decoding(state: dict, path: PathLike = "checkpoint") -> DecodingSetti
     """The decoding settings a checkpoint stores (`decoding`: beam size, alpha, ... chosen
     on validation data), over the defaults; a checkpoint without them gets the defaults."""
     stored = state.get("decoding")
-    stored = {} if stored is None else stored
-    kinds = {"beam_size": int, "max_len_b": int, "alpha": (int, float), "max_len_a": (int, float)}
-    if not isinstance(stored, dict):
-        raise CheckpointError(f"{path} has invalid decoding settings: {stored!r}")
-    for key, kind in kinds.items():
-        value = stored.get(key)
-        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)
-                                  or not math.isfinite(value)):
-            raise CheckpointError(f"{path} has invalid decoding settings: {key} is {value!r}")
     try:
-        return DecodingSettings.from_dict(stored)
+        return DecodingSettings.from_dict({} if stored is None else stored)
     except ConfigError as e:
         raise CheckpointError(f"{path} has invalid decoding settings: {e}") from e
 

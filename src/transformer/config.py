@@ -356,6 +356,10 @@ class DecodingSettings:
     max_len_b: int = 10
 
     def __post_init__(self) -> None:
+        _check(_is_int(self.beam_size) and _is_int(self.max_len_b) and _is_finite(self.alpha)
+               and _is_finite(self.max_len_a),
+               f"need integers beam_size and max_len_b and numbers alpha and max_len_a, "
+               f"got {self}")
         _check(self.beam_size >= 1 and self.alpha >= 0 and self.max_len_a >= 0
                and self.max_len_b >= 1,
                f"need beam_size >= 1, alpha >= 0, max_len_a >= 0 and max_len_b >= 1, "

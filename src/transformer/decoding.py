@@ -28,10 +28,15 @@ from typing import Any
 from .config import DecodingSettings
 from .errors import ConfigError
 
-__all__ = ["MAX_BEAM_SIZE", "RequestError", "Sampling", "AlignmentOptions", "DecodingRequest",
-           "option_name"]
+__all__ = ["MAX_BEAM_SIZE", "OPTIONS", "RequestError", "Sampling", "AlignmentOptions",
+           "DecodingRequest", "option_name"]
 
 MAX_BEAM_SIZE = 1024  # hypotheses per sentence: far beyond use, within what memory holds
+# The flat options of `DecodingRequest.from_options`: `transformer translate`'s decoding
+# options (`--max-len-a`) and the server's JSON fields under these names.
+OPTIONS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "sampling_topk",
+           "sampling_topp", "temperature", "seed", "alignment", "alignment_layer",
+           "alignment_head")
 
 
 class RequestError(ConfigError):

@@ -269,7 +269,7 @@ def hf_model_config(cfg: dict[str, Any], path: PathLike = "config.json") -> Mode
             norm_first=NORM_FIRST_BY_MODEL_TYPE[model_type],
             tie_output=cfg.get("tie_word_embeddings", True),
             max_positions=cfg["max_position_embeddings"],
-            activation=ACTIVATION_FROM_HF[cfg["activation_function"]], output_bias=True,
+            activation=ACTIVATION_FROM_HF[activation], output_bias=True,
             src_vocab_size=cfg["vocab_size"], tgt_vocab_size=cfg["vocab_size"],
             share_embeddings=True, pad_id=cfg["pad_token_id"],
             start_id=cfg.get("decoder_start_token_id", cfg["pad_token_id"]),

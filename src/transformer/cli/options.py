@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..decoding import DecodingRequest, option_name
+from ..decoding import OPTIONS, DecodingRequest, option_name
 from ..engines import ENGINES, load_translator
 from ..errors import ConfigError
 from ..evaluation import evaluation_text
@@ -28,9 +28,6 @@ __all__ = ["add_model_options", "add_device_options", "add_max_tokens", "check_c
            "load_model", "add_decoding_options", "decoding_request", "add_evaluation_options",
            "Evaluation", "load_for_evaluation"]
 
-DECODING_OPTIONS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "sampling_topk",
-                    "sampling_topp", "temperature", "seed", "alignment", "alignment_layer",
-                    "alignment_head")
 
 
 def add_model_options(parser: argparse.ArgumentParser, *, several: bool = False,
@@ -121,7 +118,7 @@ def decoding_request(args: argparse.Namespace, translator: BaseTranslator) -> De
     """The request `add_decoding_options`' options ask for, over the translator's defaults
     and checked against it (`RequestError`, which `report_errors` prints naming the option:
     `--nbest`)."""
-    options = {name: getattr(args, name) for name in DECODING_OPTIONS if hasattr(args, name)}
+    options = {name: getattr(args, name) for name in OPTIONS if hasattr(args, name)}
     return translator.request(DecodingRequest.from_options(translator.decoding, **options))
 
 
