@@ -154,7 +154,7 @@ def child_prepare(argv: list[str]) -> None:
     """Prepare the data as scripts/prepare_data.py does (`load_data`), report as JSON."""
     from transformer.data import load_data
     data = load_data(compose(argv).data, run_dir_of(argv))
-    train = data.train
+    train = data.train.corpora[0]
     tokens = len(train.src_ids) + len(train.tgt_ids)
     print(json.dumps({"pairs": len(train), "tokens": tokens,
                       "bytes_per_token": train.disk_bytes() / tokens,

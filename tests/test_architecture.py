@@ -22,10 +22,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "transformer"
 # Lowest first; a module may import only modules of lower layers (docs/DESIGN.md).
 LAYERS = [
     {"errors"},
-    {"ops", "files", "text", "train_log", "runtime"},
+    {"ops", "files", "text", "train_log", "runtime", "cleaning"},
     {"tokenizer", "attention", "multi30k", "batching", "plots"},
     {"blocks", "store"},
-    {"model"},
+    {"model", "mixture"},
     {"config"},
     {"checkpoint", "run_tokenizers", "optimizer", "decoding"},
     {"data", "search", "loss", "attention_maps", "alignment", "vocab_map"},

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from transformer import config
 from transformer.batching import eval_batches, padding_ratio, train_batches
 from transformer.config import DataConfig
-from transformer.data import load_data, resolve_files
+from transformer.data import corpus_files, eval_set_files, load_data
 from transformer.errors import DataError
 from transformer.multi30k import SHA256 as MULTI30K_SHA256
 from transformer.multi30k import download_file, download_multi30k
@@ -189,9 +189,15 @@ def test_files_config_end_to_end(tmp_path, multi30k_tokenizer_path, caplog):
     cfg = files_config(tmp_path, multi30k_tokenizer_path)
     data = load_data(cfg, tmp_path / "run")
     # train: pairs 1, 3 (blank side) and 5 (empty target) dropped; pair 4 is too long
-    assert "dropped 3 with an empty or whitespace-only side" in caplog.text
+    assert data.cleaning["train"] == {"read": 6, "empty": 3, "copies": 0, "max_repeat": 0,
+                                      "langid": 0, "duplicates": 0, "max_ratio": 0,
+                                      "max_len": 1, "kept": 2}
+    table = (tmp_path / "run" / "cleaning.txt").read_text().splitlines()
+    assert table[0].split() == ["corpus", "read", "empty", "copies", "max_repeat", "langid",
+                                "duplicates", "max_ratio", "max_len", "kept"]
+    assert table[1].split() == ["train", "6", "3", "0", "0", "0", "0", "0", "1", "2"]
     assert "filtered 1 pairs longer than data.max_len=20" in caplog.text
-    assert data.train.lines.tolist() == [0, 2]
+    assert data.train.corpora[0].lines.tolist() == [0, 2]
     # valid keeps every line, even the empty source, and restores the file order
     assert len(data.valid) == 3 and data.valid.src_text[1] == ""
     order = [i for b in data.eval_batches("valid") for i in data.valid.collate(b).indices]
@@ -205,7 +211,7 @@ def test_files_config_end_to_end(tmp_path, multi30k_tokenizer_path, caplog):
 def test_missing_file_names_the_key(tmp_path, multi30k_tokenizer_path):
     cfg = files_config(tmp_path, multi30k_tokenizer_path, valid_tgt=str(tmp_path / "nope.de"))
     with pytest.raises(DataError, match="data.valid_tgt: no such file"):
-        resolve_files(cfg)
+        eval_set_files(cfg, "valid")
 
 
 # ---- Multi30k download over loopback HTTP -----------------------------------------------
@@ -215,7 +221,8 @@ def test_download_multi30k_over_http_with_checksums(full_multi30k, tmp_path):
     root = tmp_path / "multi30k"
     with serve(full_multi30k) as url:
         cfg = DataConfig(root=str(root), base_url=url, src_lang="de", tgt_lang="en")
-        files = resolve_files(cfg)  # downloads the 6 missing files
+        corpus_files(cfg)  # downloads the 6 missing files
+        files = {split: eval_set_files(cfg, split)[0][1] for split in ("valid", "test")}
     names = sorted(p.name for p in root.iterdir())
     assert names == sorted(f"{stem}.{lang}.gz" for stem in ("train", "val", "test_2016_flickr")
                            for lang in ("de", "en"))  # nothing else, no temporary files
@@ -260,8 +267,8 @@ def test_multi30k_load_trains_once_and_caches(multi30k_dir, tmp_path, monkeypatc
     monkeypatch.setattr(Tokenizer, "train", fail)
     monkeypatch.setattr(Tokenizer, "encode_batch", fail)
     second = load_data(cfg, run)
-    assert np.array_equal(second.train.src_ids, first.train.src_ids)
-    assert np.array_equal(second.train.tgt_offsets, first.train.tgt_offsets)
+    assert np.array_equal(second.train.corpora[0].src_ids, first.train.corpora[0].src_ids)
+    assert np.array_equal(second.train.corpora[0].tgt_offsets, first.train.corpora[0].tgt_offsets)
     assert second.valid.tgt_text == first.valid.tgt_text  # references are raw text
     reference = "Eine Gruppe von Männern lädt Baumwolle auf einen Lastwagen"
     assert second.valid.tgt_text[0] == reference
@@ -295,7 +302,7 @@ def test_cache_is_keyed_by_content_and_tokenizer(tmp_path, multi30k_tokenizer_pa
     load_data(other, tmp_path / "run")
     assert len(list((tmp_path / "run" / "cache").glob("train-*"))) == 2
     tok = data.tokenizer
-    assert data.train.pair(1) == (tok.encode("A cow jumps."), tok.encode("Eine Kuh springt."))
+    assert data.train.corpora[0].pair(1) == (tok.encode("A cow jumps."), tok.encode("Eine Kuh springt."))
 
 
 def test_separate_vocabularies(tmp_path, multi30k_dir):

@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from transformer.cleaning import FILTER_PRESETS
 from transformer.config import TrainConfig, compose_config, load_config
 from transformer.errors import ConfigError
 
@@ -72,6 +73,16 @@ def bad_values(key: str) -> st.SearchStrategy[str]:
         return st.one_of(*wrong, WORDS, NON_FINITE, NEGATIVE_FLOATS)
     if kind is str:
         return st.one_of(*wrong, *([WORDS] if key in CHOICES else []))
+    if kind is Any:  # data.filters: a preset's name or a mapping of single filters
+        return st.one_of(st.just("null"), WORDS.filter(lambda w: w not in FILTER_PRESETS),
+                         st.sampled_from(["[1,2]", "{langid: 2}", "{nope: true}", "{copies: 3}",
+                                          "{max_ratio: 0.5}", "{preset: nope}"]))
+    if typing.get_origin(kind) is list and dataclasses.is_dataclass(typing.get_args(kind)[0]):
+        return st.sampled_from([  # data.corpora, data.valid_sets, data.test_sets
+            "{a: 1}", "abc", "[1]", "[{name: a}]", "[{nosuch: 1}]",
+            "[{name: 'a b', src: x, tgt: y}]", "[{name: a, src: x, tgt: ''}]",
+            "[{name: a, src: x, tgt: y}, {name: a, src: x, tgt: y}]",
+            "[{name: a, src: x, tgt: y, src_lang: 'd e'}]"])
     if typing.get_origin(kind) is list:  # optim.betas: two numbers in [0, 1)
         return st.one_of(st.sampled_from(["{a:1}", "abc", "[0.9]", "[nan,0.9]", "[0.9,1]",
                                           "[a,b]", "[-0.1,0.5]", "[0.9,0.98,0.99]"]))
@@ -87,7 +98,8 @@ def assert_names_key(error: ConfigError, key: str) -> None:
 def test_the_schema_has_keys_of_every_kind():
     """The enumeration reaches into every group (so `bad_values` meets every type)."""
     assert {"optim.lr", "trainer.max_updates", "data.joint_vocab", "model.num_heads",
-            "model.name", "seed", "init_from", "optim.betas"} <= KEYS.keys()
+            "model.name", "seed", "init_from", "optim.betas", "data.corpora",
+            "data.filters"} <= KEYS.keys()
     assert all(bad_values(key) is not None for key in KEYS)
 
 

@@ -186,7 +186,7 @@ def store(tokenizers, multi30k_lines, tmp_path_factory) -> Path:
     src = "\n".join(multi30k_lines("val.en.gz")[:50]) + "\n"
     tgt = "\n".join(multi30k_lines("val.de.gz")[:50]) + "\n"
     cfg = files_config(folder, (src.encode(), tgt.encode()))
-    return Path(load_data(cfg, folder / "run", tokenizers=tokenizers).train.path)
+    return Path(load_data(cfg, folder / "run", tokenizers=tokenizers).train.corpora[0].path)
 
 
 STORE_FILES = st.sampled_from(["meta.json", "src.bin", "tgt.bin", "src.idx", "tgt.idx",

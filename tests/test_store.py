@@ -52,7 +52,7 @@ def test_store_is_mapped_and_equals_encoding_in_memory(multi30k_dir, tmp_path,
     files = slice_files(multi30k_dir, tmp_path)
     cfg = files_config(files, spm_model=str(multi30k_tokenizer_path), vocab_size=2000)
     data = load_data(cfg, tmp_path / "run")
-    train = data.train
+    train = data.train.corpora[0]
     assert isinstance(train.src_ids, np.memmap) and isinstance(train.tgt_offsets, np.memmap)
     assert train.src_ids.dtype == np.uint16  # a 2,000-piece vocabulary fits in 16 bits
     text = read_parallel(files["train.en"], files["train.de"], split="train")
@@ -125,7 +125,7 @@ def test_truncated_store_file_is_named_and_never_trusted(tmp_path, multi30k_dir,
                                                           multi30k_tokenizer_path, name):
     files = slice_files(multi30k_dir, tmp_path, n=500)
     cfg = files_config(files, spm_model=str(multi30k_tokenizer_path), vocab_size=2000)
-    store = load_data(cfg, tmp_path / "run").train.path
+    store = load_data(cfg, tmp_path / "run").train.corpora[0].path
     damaged = store / name
     damaged.write_bytes(damaged.read_bytes()[:-2])
     with pytest.raises(DataError, match=f"{damaged} has .* bytes, expected .*; the store is "
@@ -139,7 +139,7 @@ def test_store_of_another_tokenizer_is_refused(tmp_path, multi30k_dir, multi30k_
                                                multi30k_small_tokenizer_path):
     files = slice_files(multi30k_dir, tmp_path, n=500)
     cfg = files_config(files, spm_model=str(multi30k_tokenizer_path), vocab_size=2000)
-    store = load_data(cfg, tmp_path / "run").train.path
+    store = load_data(cfg, tmp_path / "run").train.corpora[0].path
     other = Tokenizer.load(multi30k_small_tokenizer_path)
     split = SplitFiles(files["train.en"], files["train.de"])
     moved = store_path(split, "train", TokenizerPair(other, other), tmp_path / "run" / "cache")
@@ -162,7 +162,7 @@ def test_unchanged_files_are_not_read_again_and_changed_ones_are(tmp_path, multi
     with monkeypatch.context() as m:  # same size and time: trusted without hashing
         m.setattr(data_module, "_sha256_file", fail)
         m.setattr(data_module, "write_split_store", fail)
-        assert load_data(cfg, tmp_path / "run").train.path == first.train.path
+        assert load_data(cfg, tmp_path / "run").train.corpora[0].path == first.train.corpora[0].path
     files["train.en"].touch()  # a new time, the same bytes: hashed, found equal, reused
     with monkeypatch.context() as m:
         m.setattr(data_module, "write_split_store", fail)
@@ -173,7 +173,7 @@ def test_unchanged_files_are_not_read_again_and_changed_ones_are(tmp_path, multi
     caplog.set_level(logging.INFO, logger="transformer")
     data = load_data(cfg, tmp_path / "run")
     assert "changed since" in caplog.text
-    assert data.train.pair(7)[0] == data.tokenizer.encode("A completely different sentence.")
+    assert data.train.corpora[0].pair(7)[0] == data.tokenizer.encode("A completely different sentence.")
 
 
 def test_sentencepiece_trains_on_a_seeded_sample(tmp_path, multi30k_dir, caplog):
@@ -222,4 +222,4 @@ def test_prepare_data_script_then_training_finds_the_stores(tmp_path, multi30k_d
     cfg = compose_config([o for o in overrides if not o.startswith("hydra")])
     data = load_data(cfg.data, run)
     assert sorted(p.name for p in (run / "cache").iterdir()) == stores
-    assert data.train.path == run / "cache" / stores[1]
+    assert data.train.corpora[0].path == run / "cache" / stores[1]

@@ -97,8 +97,12 @@ def train_batches(
     rank: int = 0,
     world_size: int = 1,
     pool_batches: int = 100,
+    draw: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """One epoch of training batches for `rank`: arrays of corpus indices.
+
+    The epoch's pairs are `draw` (indices, repeats allowed: `mixture.Mixture.draw`), by
+    default every pair once.
 
     Sentences are shuffled, cut into pools of about `pool_batches` batches, sorted within
     each pool by the larger of their two sizes (which sets a batch's cost), then target and
@@ -118,9 +122,10 @@ def train_batches(
             f"max_tokens={max_tokens}; filter with data.max_len <= data.max_tokens"
         )
     rng = np.random.default_rng([seed, epoch])
-    order = np.arange(len(sizes), dtype=np.int32 if len(sizes) < 1 << 31 else np.int64)
+    dtype = np.int32 if len(sizes) < 1 << 31 else np.int64
+    order = np.arange(len(sizes), dtype=dtype) if draw is None else draw.astype(dtype)
     rng.shuffle(order)
-    mean_size = max(1, int(sizes.sum()) // max(1, len(sizes)))
+    mean_size = max(1, int(sizes[order].sum()) // max(1, len(order)))
     pool_size = pool_batches * max(1, max_tokens // mean_size)
     batches = []
     for start in range(0, len(order), pool_size):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,15 +23,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import multi30k
+from .cleaning import Filters
 from .errors import ConfigError
 from .model import Hyperparameters, ModelConfig
-from .tokenizer import SPM_MODEL_TYPES, SpecialIds
+from .tokenizer import SPM_MODEL_TYPES, TAG, SpecialIds
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-__all__ = ["ModelSettings", "DataConfig", "OptimConfig", "TrainerConfig", "TrainConfig",
-           "DecodingSettings", "load_config", "compose_config", "register_configs",
+__all__ = ["ModelSettings", "CorpusConfig", "EvalSetConfig", "DataConfig", "lang_tag",
+           "OptimConfig", "TrainerConfig", "TrainConfig", "DecodingSettings", "load_config",
+           "compose_config", "register_configs",
            "override_error", "CONFIG_DIR"]
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # package data: config.yaml + groups
@@ -100,6 +103,114 @@ def _architecture(config: Hyperparameters) -> dict[str, Any]:
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(Hyperparameters)}
 
 
+NAME = re.compile(r"[\w.-]+")  # corpus and evaluation set names (in logs, TensorBoard, files)
+SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")
+
+
+def lang_tag(lang: str) -> str:
+    """The target-language tag a multilingual model reads in front of its source: <2de>."""
+    return f"<2{lang}>"
+
+
+def _positive_int_or_none(value: Any) -> bool:
+    return value is None or (_is_int(value) and value > 0)
+
+
+def _check_lang(value: Any, key: str) -> None:
+    _check(value is None or (isinstance(value, str) and NAME.fullmatch(value) is not None),
+           f"{key} must be a language name such as de (letters, digits, '_', '-', '.'), "
+           f"got {value!r}")
+
+
+@dataclass
+class CorpusConfig:
+    """One training corpus of `data.corpora`: its files, its share of every epoch, its tag
+    and its cleaning. Languages left null are the data group's (`data.src_lang`/`tgt_lang`)."""
+
+    name: str = ""  # required: names the corpus in logs, reports and errors
+    src: str | None = None  # required: source file, one sentence per line, plain or .gz
+    tgt: str | None = None  # required: target file, line-aligned with src
+    weight: float = 1.0  # sampling weight: its share of an epoch is weight * size^(1/T)
+    tag: str | None = None  # e.g. <bt>: a reserved piece put in front of every source
+    filters: Any = "basic"  # none | basic | strict, or a mapping of single filters
+    max_pairs: int | None = None  # use only the first N pairs (after cleaning)
+    src_lang: str | None = None
+    tgt_lang: str | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def key(self) -> str:
+        """How errors name this entry: data.corpora[<name>]."""
+        return f"data.corpora[{self.name}]"
+
+    def validate(self) -> None:
+        """One line naming the corpus and the key for the first bad value."""
+        _check(isinstance(self.name, str) and NAME.fullmatch(self.name) is not None,
+               f"data.corpora: every corpus needs a name (letters, digits, '_', '-', '.'), "
+               f"got {self.name!r}")
+        for side in ("src", "tgt"):
+            value = getattr(self, side)
+            _check(isinstance(value, str) and value != "",
+                   f"{self.key}.{side} must be a file path, got {value!r}")
+        _check(_is_finite(self.weight) and self.weight > 0,
+               f"{self.key}.weight must be a positive number, got {self.weight!r}")
+        _check(self.tag is None or (isinstance(self.tag, str) and TAG.fullmatch(self.tag)
+                                    is not None and self.tag not in SPECIAL_PIECES),
+               f"{self.key}.tag must look like <name> (no spaces, not one of "
+               f"{', '.join(SPECIAL_PIECES)}), got {self.tag!r}")
+        _check(_positive_int_or_none(self.max_pairs),
+               f"{self.key}.max_pairs must be a positive integer or null, got {self.max_pairs!r}")
+        _check_lang(self.src_lang, f"{self.key}.src_lang")
+        _check_lang(self.tgt_lang, f"{self.key}.tgt_lang")
+        self.cleaning()
+
+    def cleaning(self) -> Filters:
+        """The filters this corpus's store is cleaned with."""
+        return Filters.parse(self.filters, f"{self.key}.filters")
+
+
+@dataclass
+class EvalSetConfig:
+    """A named validation or test set of `data.valid_sets` / `data.test_sets` (never
+    cleaned). Languages left null are the data group's."""
+
+    name: str = ""
+    src: str | None = None
+    tgt: str | None = None
+    src_lang: str | None = None
+    tgt_lang: str | None = None
+
+    def validate(self, group: str) -> None:
+        """One line naming the set and the key (`DataConfig` calls it with its group)."""
+        _check(isinstance(self.name, str) and NAME.fullmatch(self.name) is not None,
+               f"{group}: every set needs a name (letters, digits, '_', '-', '.'), "
+               f"got {self.name!r}")
+        for side in ("src", "tgt"):
+            value = getattr(self, side)
+            _check(isinstance(value, str) and value != "",
+                   f"{group}[{self.name}].{side} must be a file path, got {value!r}")
+        _check_lang(self.src_lang, f"{group}[{self.name}].src_lang")
+        _check_lang(self.tgt_lang, f"{group}[{self.name}].tgt_lang")
+
+
+def _entries(cls: type, values: Any, key: str) -> list[Any]:
+    """A list of `cls` entries from dataclasses or plain mappings (a stored config)."""
+    _check(isinstance(values, (list, tuple)), f"{key} must be a list, got {values!r}")
+    out = []
+    for value in values:
+        if isinstance(value, Mapping):
+            unknown = sorted(set(value) - {f.name for f in dataclasses.fields(cls)})
+            _check(not unknown, f"{key}: {unknown[0] if unknown else ''} is not a key of an "
+                                f"entry (the keys: "
+                                f"{', '.join(f.name for f in dataclasses.fields(cls))})")
+            value = cls(**value)
+        _check(isinstance(value, cls), f"{key} entries must be mappings, got {value!r}")
+        out.append(value)
+    return out
+
+
 @dataclass
 class DataConfig:
     """The `data` config group (configs/data/*.yaml have exactly these keys).
@@ -130,12 +241,107 @@ class DataConfig:
     max_train_pairs: int | None = None  # use only the first N training pairs (smoke runs)
     spm_max_sentences: int = 500_000  # SentencePiece trains on a seeded sample of N pairs
     cache_dir: str | None = None  # where the encoded stores go; null: <run dir>/cache
+    # Several training corpora (replacing the train split of multi30k / files), mixed by
+    # weight; see `CorpusConfig` and `training_corpora`.
+    corpora: list[CorpusConfig] = field(default_factory=list)
+    filters: Any = "none"  # the cleaning of the one-corpus forms' train split
+    mix_temperature: float | None = None  # T: shares ~ weight * size^(1/T); null: weights only
+    valid_sets: list[EvalSetConfig] = field(default_factory=list)  # named; replace valid_*
+    test_sets: list[EvalSetConfig] = field(default_factory=list)  # named; replace test_*
 
     def __post_init__(self) -> None:
+        self.corpora = _entries(CorpusConfig, self.corpora, "data.corpora")
+        self.valid_sets = _entries(EvalSetConfig, self.valid_sets, "data.valid_sets")
+        self.test_sets = _entries(EvalSetConfig, self.test_sets, "data.test_sets")
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming the first bad key."""
+        """Raise ConfigError naming the first bad key."""
+        self._validate_files()
+        self._validate_corpora()
+
+    def _validate_corpora(self) -> None:
+        Filters.parse(self.filters, "data.filters")
+        _check(self.mix_temperature is None
+               or (_is_finite(self.mix_temperature) and self.mix_temperature > 0),
+               f"data.mix_temperature must be a positive number or null, "
+               f"got {self.mix_temperature!r}")
+        for group, entries in (("data.corpora", self.corpora),
+                               ("data.valid_sets", self.valid_sets),
+                               ("data.test_sets", self.test_sets)):
+            names = [entry.name for entry in entries]
+            for entry in entries:
+                _check(names.count(entry.name) == 1, f"{group}[{entry.name}]: the name "
+                                                     "is used twice")
+                if group != "data.corpora":
+                    entry.validate(group)
+        lang_tags = {lang_tag(lang) for lang in self.target_languages()}
+        for corpus in self.corpora:
+            _check(corpus.tag is None or corpus.tag not in lang_tags,
+                   f"{corpus.key}.tag {corpus.tag!r} is also a target-language tag")
+
+    # -- what the run trains and validates on --
+
+    def training_corpora(self) -> list[CorpusConfig]:
+        """The corpora of an epoch, languages filled in: `data.corpora`, or the one corpus
+        of the train split (named "train", cleaned by `data.filters`)."""
+        if self.corpora:
+            return [dataclasses.replace(c, src_lang=c.src_lang or self.src_lang,
+                                        tgt_lang=c.tgt_lang or self.tgt_lang)
+                    for c in self.corpora]
+        src, tgt = self._split_paths("train")
+        return [CorpusConfig(name="train", src=src, tgt=tgt, filters=self.filters,
+                             max_pairs=self.max_train_pairs, src_lang=self.src_lang,
+                             tgt_lang=self.tgt_lang)]
+
+    def evaluation_sets(self, split: str) -> list[EvalSetConfig]:
+        """The named sets of "valid" or "test", languages filled in: `data.valid_sets` /
+        `data.test_sets`, or the one split named like it (none for an unset test split)."""
+        named = self.valid_sets if split == "valid" else self.test_sets
+        if named:
+            return [dataclasses.replace(e, src_lang=e.src_lang or self.src_lang,
+                                        tgt_lang=e.tgt_lang or self.tgt_lang) for e in named]
+        src, tgt = self._split_paths(split)
+        if src is None:
+            return []
+        return [EvalSetConfig(name=split, src=src, tgt=tgt, src_lang=self.src_lang,
+                              tgt_lang=self.tgt_lang)]
+
+    def _split_paths(self, split: str) -> tuple[str | None, str | None]:
+        if self.name == "multi30k":
+            return (str(multi30k.split_file(self.root, split, self.src_lang)),
+                    str(multi30k.split_file(self.root, split, self.tgt_lang)))
+        return getattr(self, f"{split}_src"), getattr(self, f"{split}_tgt")
+
+    def target_languages(self) -> list[str]:
+        """The languages the model translates into, sorted."""
+        return sorted({c.tgt_lang or self.tgt_lang for c in self.corpora} or {self.tgt_lang})
+
+    @property
+    def lang_tags(self) -> bool:
+        """Whether sources carry a target-language tag: with more than one target language."""
+        return len(self.target_languages()) > 1
+
+    def source_tags(self, tag: str | None, tgt_lang: str) -> list[str]:
+        """The tags in front of a source: the target language's (multilingual models),
+        then the corpus's."""
+        return ([lang_tag(tgt_lang)] if self.lang_tags else []) + ([tag] if tag else [])
+
+    def reserved_tags(self) -> list[str]:
+        """Every tag the tokenizer reserves a piece for, sorted."""
+        tags = {c.tag for c in self.corpora if c.tag}
+        if self.lang_tags:
+            tags |= {lang_tag(lang) for lang in self.target_languages()}
+        return sorted(tags)
+
+    def languages(self) -> list[str]:
+        """Every language of the corpora and evaluation sets (Multi30k downloads them)."""
+        langs = {self.src_lang, self.tgt_lang}
+        for entry in [*self.corpora, *self.valid_sets, *self.test_sets]:
+            langs |= {entry.src_lang or self.src_lang, entry.tgt_lang or self.tgt_lang}
+        return sorted(langs)
+
+    def _validate_files(self) -> None:
         for key in ("vocab_size", "max_len", "max_tokens", "spm_max_sentences"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -177,7 +383,9 @@ class DataConfig:
                 if getattr(self, key) is not None:
                     raise ConfigError(f"data.{key} is only used with data.name=files")
         elif self.name == "files":
-            for key in file_keys[:4]:
+            needed = (file_keys[:2] if not self.corpora else []) + (
+                file_keys[2:4] if not self.valid_sets else [])
+            for key in needed:
                 if not getattr(self, key):
                     raise ConfigError(f"data.{key} must be set when data.name=files")
             if (self.test_src is None) != (self.test_tgt is None):

@@ -7,7 +7,7 @@ package's errors with one `except`, and the `transformer` command has one handle
 derives from the built-in exception it refines (`DataError` is a `ValueError`, `WriteError`
 an `OSError`), so code that catches those keeps working.
 
-Optional packages (the extras in pyproject.toml: `export`, `serve`, `hf`, `paper`) are
+Optional packages (the extras in pyproject.toml: `export`, `serve`, `hf`, `paper`, `clean`) are
 imported through `require`, so a missing one always reads the same way, as a
 `MissingDependency` that says which extra brings it.
 """

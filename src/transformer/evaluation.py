@@ -25,7 +25,6 @@ from sacrebleu.metrics import BLEU
 from . import multi30k
 from .checkpoint import load_checkpoint, numbered_checkpoints
 from .config import DataConfig, TrainConfig
-from .data import split_files
 from .errors import CheckpointError, DataError
 from .search import DEFAULT_MAX_TOKENS
 from .text import ParallelText, read_parallel
@@ -40,32 +39,41 @@ PathLike = Union[str, "os.PathLike[str]"]
 # ---- evaluation data ----------------------------------------------------------------------
 
 
-def _run_split(cfg: DataConfig, split: str, data_root: PathLike | None) -> tuple[Path, Path]:
-    """(source, reference) files of the run's `split`. Multi30k is looked for in
-    `data_root` if given, else in the run's `data.root`, else in the download cache, where
-    missing files are downloaded (checksummed)."""
-    if cfg.name == "files":
-        files = split_files(cfg, split)
-        if files is None:
-            raise DataError(f"the run has no {split} split (data.{split}_src is not set); "
-                            "give --src and --ref files")
-        return files.src, files.tgt
+def _run_split(cfg: DataConfig, split: str, data_root: PathLike | None,
+               name: str | None = None) -> tuple[Path, Path]:
+    """(source, reference) files of the run's `split` set `name` (default: the first).
+    Multi30k is looked for in `data_root` if given, else in the run's `data.root`, else in
+    the download cache, where missing files are downloaded (checksummed)."""
+    sets = cfg.evaluation_sets(split)
+    if name is not None:
+        sets = [e for e in sets if e.name == name]
+        if not sets:
+            names = ", ".join(e.name for e in cfg.evaluation_sets(split)) or "none"
+            raise DataError(f"the run has no {split} set named {name!r} (its {split} sets: "
+                            f"{names})")
+    if not sets:
+        raise DataError(f"the run has no {split} split (data.{split}_src is not set); "
+                        "give --src and --ref files")
+    named = cfg.valid_sets if split == "valid" else cfg.test_sets
+    if cfg.name == "files" or named:  # paths as given
+        return Path(sets[0].src).expanduser(), Path(sets[0].tgt).expanduser()
     roots = [data_root] if data_root is not None else [cfg.root, multi30k.DEFAULT_ROOT]
     for root in roots:
-        files = split_files(dataclasses.replace(cfg, root=str(root)), split)
-        if files.src.is_file() and files.tgt.is_file():
-            return files.src, files.tgt
+        entry = dataclasses.replace(cfg, root=str(root)).evaluation_sets(split)[0]
+        if Path(entry.src).is_file() and Path(entry.tgt).is_file():
+            return Path(entry.src), Path(entry.tgt)
     multi30k.download_multi30k(roots[-1], (cfg.src_lang, cfg.tgt_lang), base_url=cfg.base_url)
-    files = split_files(dataclasses.replace(cfg, root=str(roots[-1])), split)
-    return files.src, files.tgt
+    entry = dataclasses.replace(cfg, root=str(roots[-1])).evaluation_sets(split)[0]
+    return Path(entry.src), Path(entry.tgt)
 
 
 def evaluation_text(training_config: TrainConfig | None, *, data: str = "valid",
                     data_root: PathLike | None = None, src: PathLike | None = None,
-                    ref: PathLike | None = None,
-                    max_sentences: int | None = None) -> ParallelText:
+                    ref: PathLike | None = None, max_sentences: int | None = None,
+                    name: str | None = None) -> ParallelText:
     """The `src`/`ref` plain-text files if given, else the split `data` ("valid" or "test")
-    of the run described by `training_config` (its checkpoint's; see `_run_split`).
+    of the run described by `training_config` (its checkpoint's; see `_run_split`): its
+    set `name`, by default the first.
     Only the first `max_sentences` pairs with `max_sentences`."""
     if (src is None) != (ref is None):
         raise DataError("give both a source file and a reference file, or neither")
@@ -75,7 +83,7 @@ def evaluation_text(training_config: TrainConfig | None, *, data: str = "valid",
         if training_config is None:
             raise CheckpointError("the checkpoint does not record its training data "
                                   "(config.data); give --src and --ref files")
-        src, ref = _run_split(training_config.data, data, data_root)
+        src, ref = _run_split(training_config.data, data, data_root, name)
     if max_sentences is not None and max_sentences < 1:
         raise DataError(f"max_sentences must be >= 1, got {max_sentences}")
     text = read_parallel(src, ref, split=data)  # checks UTF-8 and the line counts

@@ -11,9 +11,9 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -43,6 +43,7 @@ def existing_tokenizers(cfg: DataConfig, run_dir: PathLike) -> TokenizerPair | N
     if cfg.spm_model is not None:
         tok = Tokenizer.load(Path(cfg.spm_model).expanduser())
         log.info("using SentencePiece model %s (vocab %d)", cfg.spm_model, tok.vocab_size)
+        _check_tags(tok, cfg, cfg.spm_model)
         return TokenizerPair(tok, tok)
     paths = spm_paths(cfg, run_dir)
     if not all(p.is_file() for p in paths):
@@ -55,7 +56,17 @@ def existing_tokenizers(cfg: DataConfig, run_dir: PathLike) -> TokenizerPair | N
                 f"{cfg.vocab_size}; delete it or use a new run directory"
             )
         log.info("reusing SentencePiece model %s", path)
-    return TokenizerPair(toks[0], toks[-1])
+    pair = TokenizerPair(toks[0], toks[-1])
+    _check_tags(pair.src, cfg, paths[0])
+    return pair
+
+
+def _check_tags(tokenizer: Tokenizer, cfg: DataConfig, path: PathLike) -> None:
+    """The run's tags must be reserved pieces of the source tokenizer it reuses."""
+    missing = [tag for tag in cfg.reserved_tags() if tag not in tokenizer.tags]
+    if missing:
+        raise DataError(f"{path} has no reserved piece for the tag(s) {', '.join(missing)} "
+                        "that data.corpora names; delete it or use a new run directory")
 
 
 def sample_pairs(chunks: Iterable[ParallelText], k: int, seed: int) -> tuple[ParallelText, int]:
@@ -89,18 +100,24 @@ def _drain(lines: list[str]) -> Iterator[str]:
         yield lines.pop()
 
 
-def train_tokenizers(cfg: DataConfig, src_path: PathLike, tgt_path: PathLike,
+def train_tokenizers(cfg: DataConfig, corpora: Sequence[tuple[Any, int | None, str]],
                      run_dir: PathLike) -> TokenizerPair:
-    """Train SentencePiece on a sample of the training split (at most
-    `cfg.spm_max_sentences` pairs, among the first `cfg.max_train_pairs`) and save it into
-    `run_dir`. The text is streamed and checked on the way."""
+    """Train SentencePiece on a sample of the training corpora (at most
+    `cfg.spm_max_sentences` pairs of them all, uniform over their pairs; of a corpus with a
+    pair limit, among its first pairs), with the run's tags (`DataConfig.reserved_tags`) as
+    reserved pieces, and save it into `run_dir`. `corpora`: (files with `.src`/`.tgt`,
+    pair limit or None, the name errors give it) each. The text is streamed and checked on
+    the way."""
     start = time.perf_counter()
-    chunks = iter_parallel(src_path, tgt_path, split="train", max_pairs=cfg.max_train_pairs)
+    chunks = itertools.chain.from_iterable(
+        iter_parallel(files.src, files.tgt, split=name, max_pairs=limit, drop_empty=True)
+        for files, limit, name in corpora)
     text, seen = sample_pairs(chunks, cfg.spm_max_sentences, cfg.seed)
     log.info("SentencePiece sample: %d of %d training pairs (data.spm_max_sentences=%d), "
              "read in %.1f s", len(text), seen, cfg.spm_max_sentences,
              time.perf_counter() - start)
-    options = dict(vocab_size=cfg.vocab_size, model_type=cfg.spm_model_type)
+    options = dict(vocab_size=cfg.vocab_size, model_type=cfg.spm_model_type,
+                   tags=cfg.reserved_tags())
     paths = spm_paths(cfg, run_dir)
     pairs = len(text)
     try:

@@ -27,6 +27,7 @@ Token layout of a `Batch`: the source with EOS appended (`x + [EOS]`), the targe
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -46,7 +47,7 @@ from .files import atomic_write
 from .text import ParallelText
 from .tokenizer import SpecialIds, TokenizerPair
 
-__all__ = ["STORE_VERSION", "Batch", "ParallelCorpus", "StoreWriter", "id_dtype"]
+__all__ = ["STORE_VERSION", "Batch", "Rows", "ParallelCorpus", "StoreWriter", "id_dtype"]
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,59 @@ def _flatten(ids: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndar
     return flat, lengths
 
 
+def _prefixed(flat: np.ndarray, lens: np.ndarray,
+              prefix: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows (concatenated, `lens[i]` each) with `prefix` in front of every row."""
+    new_lens = lens + len(prefix)
+    out = np.empty(int(new_lens.sum()), dtype=flat.dtype)
+    in_prefix = _positions_in_rows(new_lens) < len(prefix)
+    out[in_prefix] = np.tile(np.asarray(prefix, dtype=flat.dtype), len(lens))
+    out[~in_prefix] = flat
+    return out, new_lens
+
+
+@dataclass
+class Rows:
+    """Pairs read for a batch: each side's ids concatenated (`src[:src_lens[0]]` is the
+    first source), lengths (int64) and line numbers."""
+
+    src: np.ndarray
+    src_lens: np.ndarray
+    tgt: np.ndarray
+    tgt_lens: np.ndarray
+    lines: np.ndarray
+
+    @staticmethod
+    def join(parts: Sequence[Rows], order: np.ndarray) -> Rows:
+        """The rows of `parts` laid end to end, then taken in `order` (positions in that
+        concatenation)."""
+        def gather(flats: list[np.ndarray], lens: list[np.ndarray]) -> tuple[np.ndarray,
+                                                                               np.ndarray]:
+            flat, lengths = np.concatenate(flats), np.concatenate(lens)
+            starts = np.cumsum(lengths) - lengths
+            picked = lengths[order]
+            return flat[np.repeat(starts[order], picked) + _positions_in_rows(picked)], picked
+        src, src_lens = gather([p.src for p in parts], [p.src_lens for p in parts])
+        tgt, tgt_lens = gather([p.tgt for p in parts], [p.tgt_lens for p in parts])
+        return Rows(src, src_lens, tgt, tgt_lens, np.concatenate([p.lines for p in parts])[order])
+
+    def batch(self, ids: SpecialIds) -> Batch:
+        """The padded `Batch` (see the module docstring for BOS/EOS placement)."""
+        src_lens, tgt_lens = self.src_lens, self.tgt_lens
+        width = int(tgt_lens.max()) + 1  # tgt_out's T: y + [EOS]
+        return Batch(
+            src=_padded(self.src, src_lens, ids, eos=True),
+            src_valid_lens=torch.from_numpy(src_lens + 1),
+            tgt_in=_padded(self.tgt, tgt_lens, ids, bos=True),
+            tgt_out=_padded(self.tgt, tgt_lens, ids, eos=True),
+            tgt_valid_lens=torch.from_numpy(tgt_lens + 1),
+            tgt_index=torch.from_numpy(np.repeat(np.arange(len(tgt_lens)) * width, tgt_lens + 1)
+                                       + _positions_in_rows(tgt_lens + 1)),
+            num_tgt_tokens=int(tgt_lens.sum()) + len(tgt_lens),
+            indices=self.lines.tolist(),
+        )
+
+
 @dataclass
 class ParallelCorpus:
     """An encoded split, or a view of some of its pairs.
@@ -168,6 +222,9 @@ class ParallelCorpus:
     # A mapped store's vocabulary size (meta.json): ids read from disk are checked against
     # it, so a damaged file is reported rather than fed to the embedding.
     vocab_size: int | None = field(default=None, compare=False)
+    # Tag ids put in front of every source when a pair is read (a corpus tag, a target
+    # language's tag): the store holds the text's pieces only.
+    src_prefix: tuple[int, ...] = ()
 
     @classmethod
     def encode(cls, text: ParallelText, tokenizers: TokenizerPair,
@@ -218,9 +275,15 @@ class ParallelCorpus:
 
     @property
     def src_lens(self) -> np.ndarray:
-        """(N,) int32: source pieces per pair (EOS not included), computed from the offsets
-        (batching needs them once an epoch; nothing per pair is kept besides the store)."""
-        return self._lengths(self.src_offsets)
+        """(N,) int32: source pieces per pair, tags included (EOS not), computed from the
+        offsets (batching needs them once an epoch; nothing per pair is kept besides the
+        store)."""
+        lens = self._lengths(self.src_offsets)
+        return lens + len(self.src_prefix) if self.src_prefix else lens
+
+    def with_prefix(self, prefix: Sequence[int]) -> ParallelCorpus:
+        """The same pairs, each source read with `prefix` (tag ids) in front."""
+        return dataclasses.replace(self, src_prefix=tuple(int(i) for i in prefix))
 
     @property
     def tgt_lens(self) -> np.ndarray:
@@ -257,18 +320,18 @@ class ParallelCorpus:
         return np.asarray(self.all_lines if self.pairs is None else self.all_lines[self.pairs])
 
     def pair(self, i: int) -> tuple[list[int], list[int]]:
-        """Source and target pieces of pair i, as lists."""
+        """Source (tags first) and target pieces of pair i, as lists."""
         j = int(self._sentences(np.asarray(i)))
         s, t = self.src_offsets, self.tgt_offsets
-        return (self.src_ids[s[j]:s[j + 1]].tolist(), self.tgt_ids[t[j]:t[j + 1]].tolist())
+        return (list(self.src_prefix) + self.src_ids[s[j]:s[j + 1]].tolist(),
+                self.tgt_ids[t[j]:t[j + 1]].tolist())
 
     def select(self, keep: np.ndarray) -> ParallelCorpus:
         """A view of the pairs where the boolean mask `keep` (N,) is true, in order."""
         keep = np.asarray(keep, dtype=bool)
         kept = np.flatnonzero(keep)
-        view = ParallelCorpus(self.src_ids, self.src_offsets, self.tgt_ids, self.tgt_offsets,
-                              self.all_lines, self._sentences(kept), path=self.path,
-                              special_ids=self.special_ids, vocab_size=self.vocab_size)
+        view = dataclasses.replace(self, pairs=self._sentences(kept), src_text=None,
+                                   tgt_text=None)
         if self.src_text is not None:
             view.src_text = [self.src_text[i] for i in kept]
             view.tgt_text = [self.tgt_text[i] for i in kept]
@@ -282,28 +345,24 @@ class ParallelCorpus:
                  "EOS/BOS)", split, dropped, max_len)
         return self if dropped == 0 else self.select(keep)
 
-    def collate(self, indices: Sequence[int]) -> Batch:
-        """The padded `Batch` of pairs `indices` (positions in this corpus)."""
-        if len(indices) == 0:
-            raise ValueError("cannot collate an empty batch")
+    def rows(self, indices: Sequence[int]) -> Rows:
+        """The pairs `indices` (positions in this corpus) as they are batched: sources with
+        their tags in front."""
         sentences = self._sentences(np.asarray(indices, dtype=np.int64))
         src, src_lens = self._rows("src", sentences)
+        if self.src_prefix:
+            src, src_lens = _prefixed(src, src_lens, self.src_prefix)
         tgt, tgt_lens = self._rows("tgt", sentences)
         lines = (self.all_lines[sentences] if self.path is None else
                  _read_rows(self.path / "lines.idx", sentences, np.ones_like(sentences),
                             np.dtype(np.int64)))
-        width = int(tgt_lens.max()) + 1  # tgt_out's T: y + [EOS]
-        return Batch(
-            src=_padded(src, src_lens, self.special_ids, eos=True),
-            src_valid_lens=torch.from_numpy(src_lens + 1),
-            tgt_in=_padded(tgt, tgt_lens, self.special_ids, bos=True),
-            tgt_out=_padded(tgt, tgt_lens, self.special_ids, eos=True),
-            tgt_valid_lens=torch.from_numpy(tgt_lens + 1),
-            tgt_index=torch.from_numpy(np.repeat(np.arange(len(tgt_lens)) * width, tgt_lens + 1)
-                                       + _positions_in_rows(tgt_lens + 1)),
-            num_tgt_tokens=int(tgt_lens.sum()) + len(tgt_lens),
-            indices=lines.tolist(),
-        )
+        return Rows(src, src_lens, tgt, tgt_lens, np.asarray(lines))
+
+    def collate(self, indices: Sequence[int]) -> Batch:
+        """The padded `Batch` of pairs `indices` (positions in this corpus)."""
+        if len(indices) == 0:
+            raise ValueError("cannot collate an empty batch")
+        return self.rows(indices).batch(self.special_ids)
 
     def disk_bytes(self) -> int:
         """Bytes of the store on disk (0 for a corpus held in memory)."""

@@ -130,13 +130,15 @@ class ParallelText:
 
 
 def iter_parallel(src_path: PathLike, tgt_path: PathLike, *, split: str,
-                  chunk_pairs: int = 100_000, max_pairs: int | None = None
-                  ) -> Iterator[ParallelText]:
+                  chunk_pairs: int = 100_000, max_pairs: int | None = None,
+                  drop_empty: bool | None = None) -> Iterator[ParallelText]:
     """Stream and check one split in chunks of at most `chunk_pairs` aligned pairs: UTF-8
     and line endings as `iter_line_blocks`, equal line counts (checked when the shorter file
-    ends: the error names both files and their counts). Only for split == "train", pairs with
-    an empty or whitespace-only side are dropped (and counted in the log). `max_pairs` stops
-    after yielding that many pairs (the rest of the files is not read or checked)."""
+    ends: the error names both files and their counts, after `split`, which names the data
+    in messages). With `drop_empty` (default: for split == "train"), pairs with an empty or
+    whitespace-only side are dropped (and counted in the log). `max_pairs` stops after
+    yielding that many pairs (the rest of the files is not read or checked)."""
+    drop_empty = split == "train" if drop_empty is None else drop_empty
     src_blocks, tgt_blocks = iter_line_blocks(src_path), iter_line_blocks(tgt_path)
     src: list[str] = []
     tgt: list[str] = []
@@ -152,7 +154,7 @@ def iter_parallel(src_path: PathLike, tgt_path: PathLike, *, split: str,
         chunk = ParallelText(src[:n], tgt[:n], list(range(line, line + n)))
         del src[:n], tgt[:n]
         line += n
-        if split == "train":
+        if drop_empty:
             non_empty = _non_empty(chunk)
             dropped += len(chunk) - len(non_empty)
             chunk = non_empty
@@ -168,7 +170,7 @@ def iter_parallel(src_path: PathLike, tgt_path: PathLike, *, split: str,
             raise DataError(
                 f"{split}: {src_path} has {src_count} lines but {tgt_path} has {tgt_count} "
                 "lines; source and target files must be line-aligned")
-    if split == "train":
+    if drop_empty:
         limit = "" if max_pairs is None or kept < max_pairs else f", kept the first {kept:,}"
         log.info("%s: %d pairs read in %s / %s; dropped %d with an empty or whitespace-only "
                  "side%s", split, line, src_path, tgt_path, dropped, limit)

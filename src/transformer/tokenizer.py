@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -58,6 +59,8 @@ class SpecialIds:
         """Ids that decoding drops wherever they appear."""
         return frozenset((self.pad, self.start, self.eos))
 
+
+TAG = re.compile(r"<[^\s<>]+>")  # a tag's form: one reserved piece, e.g. <bt>, <2de>
 
 SPM_MODEL_TYPES = ("unigram", "bpe")  # the SentencePiece algorithms `Tokenizer.train` offers
 
@@ -136,13 +139,16 @@ class Tokenizer:
         byte_fallback: bool = True,
         normalization: str = "nmt_nfkc",
         num_threads: int = TRAIN_THREADS,
+        tags: Sequence[str] = (),
     ) -> Tokenizer:
         """Train on an iterable of sentences; save to `model_path` (atomically) if given.
 
         Deterministic: the same sentences and arguments give the same model bytes.
         `byte_fallback` encodes characters unseen in training as UTF-8 bytes instead of
         `<unk>`, so any input decodes back to itself. `normalization="nmt_nfkc"` applies
-        NFKC and collapses whitespace (decoded text is the normalized input).
+        NFKC and collapses whitespace (decoded text is the normalized input). `tags` (e.g.
+        `<bt>`, `<2de>`) become reserved pieces: each always one id, never split, and
+        dropped when decoding.
         """
         if model_type not in SPM_MODEL_TYPES:
             raise ValueError(f"model_type must be one of {SPM_MODEL_TYPES}, got {model_type!r}")
@@ -165,6 +171,7 @@ class Tokenizer:
             eos_piece="</s>",
             num_threads=num_threads,
             minloglevel=2,  # errors only; training logs are long
+            **({"user_defined_symbols": list(tags)} if tags else {}),
         )
         tokenizer = cls.from_bytes(buffer.getvalue())
         if model_path is not None:
@@ -273,10 +280,21 @@ class Tokenizer:
         end = text.find("<<") if text.startswith(">>") else -1
         return ([text[:end + 2]], text[end + 2:]) if end != -1 else ([], text)
 
+    @functools.cached_property
+    def tags(self) -> dict[str, int]:
+        """The reserved tag pieces (`train(tags=...)`) -> their ids."""
+        if self._pieces is not None:
+            return {}
+        sp = self._sp  # reserved pieces: a tag's form, score 0, neither byte nor control
+        return {sp.id_to_piece(i): i for i in range(sp.get_piece_size())
+                if TAG.fullmatch(sp.id_to_piece(i)) and sp.GetScore(i) == 0
+                and not (sp.IsByte(i) or sp.IsControl(i) or sp.IsUnknown(i))}
+
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of `ids`; pad, the decoder's start and eos are skipped wherever they
-        appear."""
-        kept = [i for i in map(int, ids) if i not in self.specials.not_text]
+        """Text of `ids`; pad, the decoder's start, eos and tags are skipped wherever they
+        appear (a tag never reaches a translation)."""
+        skipped = self.specials.not_text | frozenset(self.tags.values())
+        kept = [i for i in map(int, ids) if i not in skipped]
         if self._pieces is None:
             return self._sp.decode(kept)
         return self._sp.decode_pieces([self._pieces[i] for i in kept])

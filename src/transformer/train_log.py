@@ -13,7 +13,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,10 +74,23 @@ class ValidationMetrics:
     bleu: float  # cased sacreBLEU of greedy translations
     chrf: float
     seconds: float  # time the validation took
+    # With several validation sets: each set's own, by name; the fields above are then
+    # their means (what model selection and early stopping read).
+    sets: dict[str, ValidationMetrics] = field(default_factory=dict)
 
     @property
     def ppl(self) -> float:
         return math.exp(min(self.nll, 100.0))
+
+    @classmethod
+    def mean(cls, sets: dict[str, ValidationMetrics]) -> ValidationMetrics:
+        """One set's metrics as they are; several sets' means, each kept under its name."""
+        if len(sets) == 1:
+            return next(iter(sets.values()))
+        values = list(sets.values())
+        return cls(*(sum(getattr(m, key) for m in values) / len(values)
+                     for key in ("loss", "nll", "bleu", "chrf")),
+                   sum(m.seconds for m in values), dict(sets))
 
 
 class Meter:
@@ -158,11 +171,16 @@ class TrainLog:
                  metrics.nll, metrics.ppl, metrics.bleu, metrics.chrf, best_bleu,
                  " (new best)" if improved else f" ({bad_validations} without improvement)",
                  metrics.seconds)
+        for name, one in metrics.sets.items():
+            log.info("epoch %d | update %d | valid %s | loss %.3f | nll %.3f | bleu %.2f | "
+                     "chrf %.2f", epoch, step, name, one.loss, one.nll, one.bleu, one.chrf)
         self.meter.restart()  # validation time is not training throughput
         if self.writer is None:
             return
         for key in ("loss", "nll", "ppl", "bleu", "chrf"):
             self.writer.add_scalar(f"valid/{key}", getattr(metrics, key), step)
+            for name, one in metrics.sets.items():
+                self.writer.add_scalar(f"valid_{name}/{key}", getattr(one, key), step)
         # Training time so far (resumes included), for BLEU-vs-time plots.
         self.writer.add_scalar("valid/train_time", train_time, step)
         if figure is not None:
@@ -172,6 +190,16 @@ class TrainLog:
             self.writer.add_text("valid/samples", "\n".join(
                 ["| source | reference | greedy |", "|---|---|---|", *rows]), step)
         self.writer.flush()
+
+    def epoch_draw(self, step: int, epoch: int, counts: dict[str, int]) -> None:
+        """How many pairs of each training corpus `epoch` drew (a log line and, on rank 0,
+        the scalars data/<corpus>, at the update the epoch starts after)."""
+        total = max(1, sum(counts.values()))
+        log.info("epoch %d draws %s pairs: %s", epoch, f"{total:,}", ", ".join(
+            f"{name} {n:,} ({n / total:.1%})" for name, n in counts.items()))
+        if self.writer is not None:
+            for name, n in counts.items():
+                self.writer.add_scalar(f"data/{name}", n, step)
 
     def close(self) -> None:
         if self.writer is not None:

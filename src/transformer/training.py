@@ -305,7 +305,10 @@ class Trainer:
         s, t, uf = self.state, self.cfg.trainer, self.cfg.optim.update_freq
         if t.max_epochs is not None and s.epoch > t.max_epochs:
             return "max_epochs"
-        batches = self.data.train_batches(s.epoch, self.env.rank, self.env.world_size)
+        draw = self.data.train.draw(self.cfg.data.seed, s.epoch)
+        if len(self.data.train.names) > 1 and s.batches_done == 0:
+            self.log.epoch_draw(s.num_updates, s.epoch, self.data.train.counts(draw))
+        batches = self.data.train_batches(s.epoch, self.env.rank, self.env.world_size, draw)
         todo = batches[s.batches_done:]
         with tqdm(total=math.ceil(len(batches) / uf), initial=math.ceil(s.batches_done / uf),
                   desc=f"epoch {s.epoch}", unit="update", file=sys.stderr, leave=False,
@@ -458,33 +461,48 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> ValidationReport:
-        """Loss/perplexity on the validation set and BLEU/chrF of greedy translations, a few
+        """Loss/perplexity on every validation set and BLEU/chrF of greedy translations
+        (several sets: each set's, and their means, which select the best checkpoint), a few
         sample translations and, with TensorBoard, the encoder-decoder attention of the first
         validation sentence. Writes nothing."""
         start = time.perf_counter()
-        corpus = self.data.valid
+        sets = {}
         # Validation is random-free, but fork anyway so it can never shift dropout masks.
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), self.autocast(), eval_mode(self.model):
-            losses = evaluate_loss(self.model, (corpus.collate(idx).to(self.device)
-                                                for idx in self.data.eval_batches("valid")),
-                                   self.cfg.optim.label_smoothing)
-            hyps = self._translate_valid()
-            srcs, refs = corpus.src_text[:len(hyps)], corpus.tgt_text[:len(hyps)]
-            figure = (encoder_decoder_figure(self.model, self.data.tokenizers, srcs[0], refs[0])
-                      if self.log.tensorboard and hyps else None)  # one fixed sentence
-        metrics = ValidationMetrics(losses.loss, losses.nll,
-                                    sacrebleu.corpus_bleu(hyps, [refs]).score,
-                                    sacrebleu.corpus_chrf(hyps, [refs]).score,
-                                    time.perf_counter() - start)
-        k = self.cfg.trainer.num_samples
-        samples = list(zip(srcs[:k], refs[:k], hyps[:k], strict=True))
+            for name, corpus in self.data.valid_sets.items():
+                sets[name], hyps = self._validate_set(name, corpus)
+                if len(sets) == 1:  # the first set's samples and figure
+                    srcs, refs = corpus.src_text[:len(hyps)], corpus.tgt_text[:len(hyps)]
+                    k = self.cfg.trainer.num_samples
+                    samples = list(zip(srcs[:k], refs[:k], hyps[:k], strict=True))
+                    figure = (encoder_decoder_figure(self.model, self.data.tokenizers, srcs[0],
+                                                     refs[0])
+                              if self.log.tensorboard and hyps and not corpus.src_prefix
+                              else None)  # one fixed sentence
+        metrics = ValidationMetrics.mean(sets)
+        metrics.seconds = time.perf_counter() - start
         return ValidationReport(metrics, samples, figure)
 
-    def _translate_valid(self) -> list[str]:
-        """Greedy translations of the first `trainer.bleu_max_sentences` validation sentences,
-        detokenized, in file order (`search.search_corpus`, as the Translator decodes)."""
-        t, corpus = self.cfg.trainer, self.data.valid
+    def _validate_set(self, name: str, corpus) -> tuple[ValidationMetrics, list[str]]:
+        """One validation set's metrics and greedy translations."""
+        start = time.perf_counter()
+        losses = evaluate_loss(self.model, (corpus.collate(idx).to(self.device)
+                                            for idx in self.data.eval_batches("valid",
+                                                                              name=name)),
+                               self.cfg.optim.label_smoothing)
+        hyps = self._translate_valid(corpus)
+        refs = corpus.tgt_text[:len(hyps)]
+        return ValidationMetrics(losses.loss, losses.nll,
+                                 sacrebleu.corpus_bleu(hyps, [refs]).score,
+                                 sacrebleu.corpus_chrf(hyps, [refs]).score,
+                                 time.perf_counter() - start), hyps
+
+    def _translate_valid(self, corpus) -> list[str]:
+        """Greedy translations of the first `trainer.bleu_max_sentences` sentences of a
+        validation set, detokenized, in file order (`search.search_corpus`, as the Translator
+        decodes; the set's tags in front of each source)."""
+        t = self.cfg.trainer
         n = min(len(corpus), t.bleu_max_sentences or len(corpus))
         sources = [corpus.pair(i)[0] + [self.model.config.eos_id] for i in range(n)]
         request = replace(DecodingRequest(), beam_size=1, max_len_a=t.decode_max_len_a,

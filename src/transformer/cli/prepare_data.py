@@ -4,8 +4,10 @@
 
 Takes the training command's configuration and run directory: it finds or trains the
 SentencePiece model (on a sample of at most data.spm_max_sentences pairs) and streams every
-split into an encoded store under runs/x/cache (or data.cache_dir), exactly as `transformer
-train` would at start-up, which then finds them ready. For a large corpus, run it once
+corpus (cleaned by its filters) and evaluation set into an encoded store under runs/x/cache
+(or data.cache_dir), exactly as `transformer train` would at start-up, which then finds
+them ready. It prints the cleaning table (pairs each filter removed from each corpus, also
+in runs/x/cleaning.txt) and each store. For a large corpus, run it once
 before launching many training processes. With `init_from`, the tokenizers are that
 checkpoint's, as training takes them.
 """
@@ -32,11 +34,14 @@ def prepare(config: TrainConfig, run_dir: Path) -> None:
         data = load_data(config.data, run_dir, tokenizers=tokenizers)
     finally:
         cleanup()
-    for split in ("train", "valid", "test"):
-        corpus = getattr(data, split)
-        if corpus is not None:
-            print(f"{split}: {len(corpus):,} pairs, {len(corpus.src_ids):,} + "
-                  f"{len(corpus.tgt_ids):,} tokens -> {corpus.path}")
+    print(data.cleaning_table())
+    named = [(f"train {name}", corpus) for name, corpus in
+             zip(data.train.names, data.train.corpora, strict=True)]
+    named += [(f"valid {name}", corpus) for name, corpus in data.valid_sets.items()]
+    named += [(f"test {name}", corpus) for name, corpus in data.test_sets.items()]
+    for label, corpus in named:
+        print(f"{label}: {len(corpus):,} pairs, {len(corpus.src_ids):,} + "
+              f"{len(corpus.tgt_ids):,} tokens -> {corpus.path}")
 
 
 main = hydra_command(prepare)

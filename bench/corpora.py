@@ -1,0 +1,162 @@
+"""Experiments with several corpora on Multi30k: noise and cleaning, and one model for three
+language pairs. Every arm trains the recipe (`transformer train`, the Multi30k experiment)
+for the same number of updates of the same size, then translates test_2016_flickr with the
+average of its last 5 checkpoints (beam 5) and scores it with cased sacreBLEU.
+
+Arms (`--arms`, run one after another, never two trainings at once):
+- `clean`: Multi30k en->de as it is (`data=multi30k`);
+- `noisy`: Multi30k plus 29,000 noise pairs (`bench/noise.py`: copies, French or Czech
+  German sides, joined sentences, duplicates) as one corpus, `filters: none`;
+- `cleaned`: the same corpus with `filters: strict`;
+- `shuffled`, `shuffled_cleaned`: Multi30k plus 29,000 misaligned pairs, none / strict;
+- `multilingual`: one model for en->de, en->fr and en->cs (a corpus each, target-language
+  tags, equal weights), validated on each pair; its outputs' languages checked by
+  py3langid (share of lines not in the target language).
+
+    python bench/corpora.py --root ../shared/data/multi30k --out runs/corpora \
+        --updates 2400 --arms clean noisy cleaned multilingual
+
+A finished arm (its checkpoints/checkpoint_last.pt at the number of updates) is scored
+again without training. Results go to OUT/results.json and are printed as a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import sacrebleu
+
+HERE = Path(__file__).resolve().parent
+LANGS = ("de", "fr", "cs")
+
+
+def recipe(updates: int) -> list[str]:
+    """The overrides every arm shares: the recipe cut to `updates`, with a linear cooldown
+    over its last third, validated at the end of every epoch in the last 400 updates."""
+    return [f"trainer.max_updates={updates}", "trainer.max_time=null",
+            f"optim.cooldown_updates={updates // 3}",
+            f"trainer.validate_after_updates={max(0, updates - 400)}",
+            f"trainer.validate_every_updates={max(1, updates // 3)}"]
+
+
+def corpus_entry(name: str, src: Path, tgt: Path, **extra: str) -> str:
+    fields = {"name": name, "src": str(src), "tgt": str(tgt), **extra}
+    return "{" + ",".join(f"{k}:{v}" for k, v in fields.items()) + "}"
+
+
+def arm_overrides(arm: str, root: Path, noise: Path) -> list[str]:
+    """The data overrides of one arm."""
+    if arm == "clean":
+        return []
+    if arm in ("noisy", "cleaned", "shuffled", "shuffled_cleaned"):
+        folder = noise / "shuffled" if arm.startswith("shuffled") else noise
+        filters = "strict" if arm.endswith("cleaned") else "none"
+        entry = corpus_entry(arm, folder / "train.en", folder / "train.de", filters=filters)
+        return [f"data.corpora=[{entry}]"]
+    if arm == "multilingual":
+        corpora = [corpus_entry(f"en-{lang}", root / "train.en.gz", root / f"train.{lang}.gz",
+                                tgt_lang=lang, filters="none") for lang in LANGS]
+        valid = [corpus_entry(f"en-{lang}", root / "val.en.gz", root / f"val.{lang}.gz",
+                              tgt_lang=lang) for lang in LANGS]
+        return [f"data.corpora=[{','.join(corpora)}]", f"data.valid_sets=[{','.join(valid)}]"]
+    raise SystemExit(f"unknown arm {arm!r}")
+
+
+def run(command: list[str], log: Path | None = None) -> None:
+    print("+", " ".join(command), flush=True)
+    with open(log, "a") if log else open("/dev/null", "w") as out:
+        subprocess.run(command, check=True, stdout=out if log else None,
+                       stderr=subprocess.STDOUT if log else None)
+
+
+def finished(run_dir: Path, updates: int) -> bool:
+    log = run_dir / "train.log"
+    return log.is_file() and f"after {updates} updates" in log.read_text()
+
+
+def read_gz(path: Path) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return f.read().split("\n")[:-1]
+
+
+def score(run_dir: Path, root: Path, langs: tuple[str, ...], multilingual: bool) -> dict:
+    """Average the last 5 checkpoints; translate the test set into each language; BLEU,
+    chrF and (multilingual) the share of outputs py3langid puts in another language."""
+    avg = run_dir / "avg5.pt"
+    if not avg.is_file():
+        run(["transformer", "average-checkpoints", str(run_dir / "checkpoints"), "--last", "5",
+             "-o", str(avg)])
+    out = {}
+    for lang in langs:
+        hyp = run_dir / f"test.{lang}.hyp"
+        command = ["transformer", "translate", "--checkpoint", str(avg),
+                   "--input", str(root / "test_2016_flickr.en.gz"), "--output", str(hyp),
+                   "--beam-size", "5"]
+        if multilingual:
+            command += ["--target-lang", lang]
+        run(command)
+        hyps = hyp.read_text(encoding="utf-8").split("\n")[:-1]
+        refs = read_gz(root / f"test_2016_flickr.{lang}.gz")
+        result = {"bleu": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2),
+                  "chrf": round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2)}
+        result["off_target"] = off_target(hyps, lang)
+        out[lang] = result
+    return out
+
+
+def off_target(lines: list[str], lang: str) -> float:
+    """Share of lines py3langid (normalized probabilities) does not put in `lang`."""
+    from py3langid.langid import MODEL_FILE, LanguageIdentifier
+    identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    wrong = sum(identifier.classify(line)[0] != lang for line in lines if line.strip())
+    return round(wrong / max(1, len(lines)), 4)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=HERE.parent.parent / "shared/data/multi30k")
+    parser.add_argument("--out", type=Path, default=Path("runs/corpora"))
+    parser.add_argument("--noise", type=Path, default=None,
+                        help="the noisy corpus of bench/noise.py --out (made when missing)")
+    parser.add_argument("--updates", type=int, default=2400)
+    parser.add_argument("--arms", nargs="+", default=["clean", "noisy", "cleaned"])
+    args = parser.parse_args()
+    root, out = args.root.resolve(), args.out.resolve()
+    noise = (args.noise or out / "noise").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if any(a != "clean" and a != "multilingual" for a in args.arms) and not (
+            noise / "shuffled" / "train.de").is_file():
+        run([sys.executable, str(HERE / "noise.py"), "--root", str(root), "--out", str(noise),
+             "--with-shuffled"], out / "noise.log")
+    results_path = out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    for arm in args.arms:
+        run_dir = out / arm
+        if not finished(run_dir, args.updates):
+            start = time.time()
+            run(["transformer", "train", f"hydra.run.dir={run_dir}", f"data.root={root}",
+                 *recipe(args.updates), *arm_overrides(arm, root, noise)],
+                out / f"{arm}.log")
+            print(f"{arm}: trained in {time.time() - start:.0f} s", flush=True)
+        multilingual = arm == "multilingual"
+        results[arm] = {"updates": args.updates,
+                        "test": score(run_dir, root, LANGS if multilingual else ("de",),
+                                      multilingual),
+                        "cleaning": (run_dir / "cleaning.txt").read_text()}
+        results_path.write_text(json.dumps(results, indent=1))
+        print(arm, json.dumps(results[arm]["test"]), flush=True)
+    print("\narm                lang   BLEU   chrF  off-target")
+    for arm, result in results.items():
+        for lang, r in result["test"].items():
+            print(f"{arm:<18} {lang:<5} {r['bleu']:>5.2f} {r['chrf']:>6.2f} "
+                  f"{r['off_target']:>10.2%}")
+
+
+if __name__ == "__main__":
+    main()
