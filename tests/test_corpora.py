@@ -215,3 +215,13 @@ def test_the_one_corpus_forms_are_one_uncleaned_corpus_named_train(multi30k_dir)
     assert multi.reserved_tags() == ["<2de>", "<2fr>", "<bt>"]
     assert multi.source_tags("<bt>", "fr") == ["<2fr>", "<bt>"]
     assert multi.corpora[0].cleaning().duplicates  # a listed corpus: basic by default
+
+
+def test_the_multilingual_preset_names_three_pairs_under_data_root():
+    cfg = compose_config(["experiment=multi30k_en_xx", "data.root=/data/m30k"])
+    assert [c.name for c in cfg.data.corpora] == ["en-de", "en-fr", "en-cs"]
+    assert cfg.data.corpora[2].tgt == "/data/m30k/train.cs.gz"
+    assert cfg.data.reserved_tags() == ["<2cs>", "<2de>", "<2fr>"]
+    assert [e.tgt_lang for e in cfg.data.evaluation_sets("test")] == ["de", "fr", "cs"]
+    assert cfg.data.languages() == ["cs", "de", "en", "fr"]  # what Multi30k downloads
+    assert cfg.optim.lr == 0.005 and cfg.trainer.max_updates == 8000  # the recipe's

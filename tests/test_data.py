@@ -302,7 +302,8 @@ def test_cache_is_keyed_by_content_and_tokenizer(tmp_path, multi30k_tokenizer_pa
     load_data(other, tmp_path / "run")
     assert len(list((tmp_path / "run" / "cache").glob("train-*"))) == 2
     tok = data.tokenizer
-    assert data.train.corpora[0].pair(1) == (tok.encode("A cow jumps."), tok.encode("Eine Kuh springt."))
+    assert data.train.corpora[0].pair(1) == (tok.encode("A cow jumps."),
+                                             tok.encode("Eine Kuh springt."))
 
 
 def test_separate_vocabularies(tmp_path, multi30k_dir):

@@ -36,6 +36,11 @@ BAD = [  # (the request's fields, the field the error names, words of its messag
     (dict(use_cache=1), "use_cache", "use_cache must be a finite bool"),
     (dict(sampling=Sampling()), "beam_size", "sampling draws one translation per line"),
     (dict(beam_size=1, nbest=2, sampling=Sampling()), "nbest", "it excludes nbest 2"),
+    (dict(target_lang=""), "target_lang", "target_lang must be a language such as de"),
+    (dict(target_lang="d e"), "target_lang", r"\(letters, digits, '_', '-', '\.'\), got 'd e'"),
+    (dict(target_lang="de\n"), "target_lang", r"got 'de\\n'"),
+    (dict(target_lang="{0}"), "target_lang", r"got '\{0\}'"),  # a template's braces, shown
+    (dict(target_lang=7), "target_lang", "got 7"),
 ]
 
 
@@ -90,6 +95,7 @@ def test_from_options_builds_sampling_and_alignment_from_flat_options():
     assert request.sampling == Sampling(topk=0, topp=1.0, temperature=0.7, seed=5)
     assert request.alignment == AlignmentOptions(layer=1, head=2)
     assert request.beam_size == 1
+    assert DecodingRequest.from_options(stored, target_lang="fr-CA").target_lang == "fr-CA"
     for options, field in ((dict(alignment_head=0), "alignment_head"),
                            (dict(alignment_layer=0), "alignment_layer"),
                            (dict(seed=1), "seed"),

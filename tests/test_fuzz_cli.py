@@ -135,7 +135,8 @@ def files(random_checkpoint: Path):
 
 
 DECODING = [Option("--beam-size", "int"), Option("--nbest", "int"), Option("--alpha", "float"),
-            Option("--max-len-a", "float"), Option("--max-len-b", "int")]
+            Option("--max-len-a", "float"), Option("--max-len-b", "int"),
+            Option("--target-lang", "text")]
 MODES = [Option("--sampling-topk", "int"), Option("--sampling-topp", "float"),
          Option("--temperature", "float"), Option("--seed", "int"), Option("--alignment", "flag"),
          Option("--alignment-layer", "int"), Option("--alignment-head", "int")]

@@ -173,7 +173,8 @@ def test_unchanged_files_are_not_read_again_and_changed_ones_are(tmp_path, multi
     caplog.set_level(logging.INFO, logger="transformer")
     data = load_data(cfg, tmp_path / "run")
     assert "changed since" in caplog.text
-    assert data.train.corpora[0].pair(7)[0] == data.tokenizer.encode("A completely different sentence.")
+    assert data.train.corpora[0].pair(7)[0] == data.tokenizer.encode(
+        "A completely different sentence.")
 
 
 def test_sentencepiece_trains_on_a_seeded_sample(tmp_path, multi30k_dir, caplog):

@@ -6,12 +6,16 @@
     search_corpus(model, sources, replace(request, beam_size=1))   # training validation
 
 As fairseq's `GenerationConfig` and JoeyNMT's `TestConfig`, one frozen object carries the
-search (beam, n-best, length penalty, length limits), sampling, alignments and the cache
-switch from the command line or the server down to the search; nothing below re-checks
-it. Its checks raise `RequestError`, a `ConfigError` that names the field as the server's
-JSON does ("nbest") and renders other names on demand (`transformer translate` says
-"--nbest"). What depends on the model (an alignment layer or head that exists) is checked
-by `BaseTranslator.check`, and what an engine cannot do, by that engine's `check`.
+search (beam, n-best, length penalty, length limits), sampling, alignments, the target
+language and the cache switch from the command line or the server down to the search;
+nothing below re-checks it. Its checks raise `RequestError`, a `ConfigError` that names the
+field as the server's JSON does ("nbest") and renders other names on demand (`transformer
+translate` says "--nbest"). What depends on the model (an alignment layer or head that
+exists, a target language it was trained for) is checked by `BaseTranslator.check`, and
+what an engine cannot do, by that engine's `check`.
+
+`target_lang` names the language to translate into: a multilingual model's choice (its
+sources then carry that language's tag), a bilingual model's own language or None.
 
 The defaults a checkpoint stores (`config.DecodingSettings`: beam, alpha, length limits,
 chosen by `transformer tune-decoding`) are where a translator's requests start
@@ -25,18 +29,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .config import DecodingSettings
+from .config import NAME, DecodingSettings
 from .errors import ConfigError
 
 __all__ = ["MAX_BEAM_SIZE", "OPTIONS", "RequestError", "Sampling", "AlignmentOptions",
-           "DecodingRequest", "option_name"]
+           "DecodingRequest", "option_name", "literal"]
 
 MAX_BEAM_SIZE = 1024  # hypotheses per sentence: far beyond use, within what memory holds
 # The flat options of `DecodingRequest.from_options`: `transformer translate`'s decoding
 # options (`--max-len-a`) and the server's JSON fields under these names.
 OPTIONS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "sampling_topk",
            "sampling_topp", "temperature", "seed", "alignment", "alignment_layer",
-           "alignment_head")
+           "alignment_head", "target_lang")
 
 
 class RequestError(ConfigError):
@@ -71,6 +75,14 @@ def option_name(field: str) -> str:
 def _need(condition: bool, field: str, template: str) -> None:
     if not condition:
         raise RequestError(field, template)
+
+
+def literal(value: Any) -> str:
+    """`value` as a `RequestError` template shows it: its repr, cut to 40 characters, braces
+    doubled (a template names options in braces)."""
+    text = repr(value)
+    text = text if len(text) <= 40 else text[:37] + "..."
+    return text.replace("{", "{{").replace("}", "}}")
 
 
 def _check_types(obj: Any, names: dict[str, str]) -> None:
@@ -147,7 +159,9 @@ class DecodingRequest:
     tokens. `sampling` draws one translation per line instead (then `beam_size` and `nbest`
     are 1). `alignment` also aligns each translation's words to the source's.
     `use_cache=False` re-runs the decoder over the whole prefix at each step (our PyTorch
-    engine only; slow; the reference for tests and benchmarks)."""
+    engine only; slow; the reference for tests and benchmarks). `target_lang`: the language
+    to translate into (None: the model's only one); which ones a model takes is checked by
+    `BaseTranslator.check`."""
 
     beam_size: int = DecodingSettings.beam_size
     nbest: int = 1
@@ -157,6 +171,7 @@ class DecodingRequest:
     sampling: Sampling | None = None
     alignment: AlignmentOptions | None = None
     use_cache: bool = True
+    target_lang: str | None = None
 
     def __post_init__(self) -> None:
         _check_types(self, {})
@@ -170,6 +185,10 @@ class DecodingRequest:
               f"sampling must be a Sampling or None, got {self.sampling!r}")
         _need(self.alignment is None or isinstance(self.alignment, AlignmentOptions),
               "alignment", f"alignment must be AlignmentOptions or None, got {self.alignment!r}")
+        _need(self.target_lang is None or (isinstance(self.target_lang, str)
+                                           and NAME.fullmatch(self.target_lang) is not None),
+              "target_lang", f"{{target_lang}} must be a language such as de (letters, digits, "
+                             f"'_', '-', '.'), got {literal(self.target_lang)}")
         if self.sampling is not None:
             _need(self.beam_size == 1, "beam_size",
                   f"sampling draws one translation per line: it excludes {{beam_size}} "
@@ -201,10 +220,12 @@ class DecodingRequest:
                      sampling_topk: int | None = None, sampling_topp: float | None = None,
                      temperature: float | None = None, seed: int | None = None,
                      alignment: bool = False, alignment_layer: int | None = None,
-                     alignment_head: int | None = None) -> DecodingRequest:
+                     alignment_head: int | None = None,
+                     target_lang: str | None = None) -> DecodingRequest:
         """A request from the flat options of `transformer translate` and the server's JSON
         (None: not given): any sampling option asks for sampling (the others at their
-        defaults), `alignment` for alignments (of `alignment_layer`, `alignment_head`)."""
+        defaults), `alignment` for alignments (of `alignment_layer`, `alignment_head`),
+        `target_lang` the language to translate into."""
         given = [name for name, value in (("sampling_topk", sampling_topk),
                                           ("sampling_topp", sampling_topp),
                                           ("temperature", temperature)) if value is not None]
@@ -223,4 +244,4 @@ class DecodingRequest:
             -1 if alignment_layer is None else alignment_layer, alignment_head)
         return cls.over(defaults, beam_size=beam_size, nbest=nbest, alpha=alpha,
                         max_len_a=max_len_a, max_len_b=max_len_b, sampling=sampling,
-                        alignment=aligned)
+                        alignment=aligned, target_lang=target_lang)

@@ -77,7 +77,9 @@ MAPPED_SUB_BATCH_TOKENS = 256
 
 class CTranslate2Translator(BaseTranslator):
     """An exported model (`transformer export`) run by CTranslate2, with the tokenizers and
-    decoding defaults stored beside it."""
+    decoding defaults stored beside it. Exports are bilingual (`export.check_exportable`):
+    a request's `target_lang` is the export's target language or None, as
+    `BaseTranslator.check` checks for every engine."""
 
     engine: ClassVar[str] = "ctranslate2"
 
@@ -123,7 +125,7 @@ class CTranslate2Translator(BaseTranslator):
     def check(self, request: DecodingRequest) -> None:
         """What CTranslate2 cannot do: decode without its cache, or align with another
         attention than the one chosen at export (the last decoder layer, averaged over its
-        heads)."""
+        heads); and what no engine can (`BaseTranslator.check`: the target language too)."""
         super().check(request)
         if not request.use_cache:
             raise RequestError("use_cache", "{use_cache}=False exists only for the torch engine")

@@ -30,6 +30,10 @@ defaults, language pair and quantization, and optionally `vmap.txt` (a vocabular
 `vocab_map.py`: CTranslate2 then scores only its candidate target pieces), so
 `engines.CTranslate2Translator` rebuilds everything `Translator` has. `ctranslate2` is an
 optional dependency (the `export` extra).
+
+Bilingual models export, corpus tags (`<bt>`) among their pieces or not. A multilingual model
+is refused before anything is written (`check_exportable`): each of its sources needs a
+target-language tag in front, which CTranslate2, reading the pieces it is given, never adds.
 """
 
 from __future__ import annotations
@@ -53,8 +57,8 @@ from .translator import Translator
 from .vocab_map import VocabMap
 
 __all__ = ["QUANTIZATIONS", "EXPORT_INFO", "VOCAB_MAP", "ExportInfo",
-           "require_ctranslate2", "transformer_spec", "export_ctranslate2", "read_export",
-           "is_export"]
+           "require_ctranslate2", "transformer_spec", "check_exportable", "export_ctranslate2",
+           "read_export", "is_export"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -200,13 +204,25 @@ def _halve_position_tables(spec: Any) -> None:
 
 # ---- writing and reading an export --------------------------------------------------------------
 
+def check_exportable(translator: Translator, source: str = "") -> None:
+    """`ExportError` (one line, naming `source`, the checkpoint) for a model that CTranslate2
+    cannot translate as it was trained: a multilingual one."""
+    translator.check_bilingual(
+        source, "exporting it to CTranslate2",
+        "CTranslate2 reads the source pieces it is given and adds no target-language tag, "
+        "which every source of this model needs; translate it with the torch engine "
+        "(transformer translate --target-lang)")
+
+
 def export_ctranslate2(translator: Translator, output: PathLike, *,
                        quantization: str = "float32", source: str = "",
                        vocab_map: VocabMap | None = None) -> ExportInfo:
     """Write `translator`'s model as a CTranslate2 model directory `output` (replacing an
     earlier export there; any other existing non-empty directory is refused). The directory
     appears complete or not at all: it is built beside `output`, then renamed. With a
-    `vocab_map` (`vocab_map.build_vocab_map`), CTranslate2 decodes over its candidates only."""
+    `vocab_map` (`vocab_map.build_vocab_map`), CTranslate2 decodes over its candidates only.
+    A multilingual model is refused (`check_exportable`)."""
+    check_exportable(translator, source)
     if quantization not in QUANTIZATIONS:
         raise ExportError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, "
                           f"got {quantization!r}")

@@ -34,7 +34,9 @@ MarianTokenizer drops it. Files are read with `safetensors` or
 `torch.load(weights_only=True)`: nothing is unpickled otherwise. Every tensor of an imported
 state is read, or known to repeat one that is (`from_hf_state`); any other is an error, as
 it would be a weight the imported model silently lacks. Writing safetensors needs the
-`safetensors` package (the `hf` extra brings it with `transformers`).
+`safetensors` package (the `hf` extra brings it with `transformers`). A multilingual model
+(one reading a target-language tag, `<2de>`, in front of each source) is not exported:
+MarianTokenizer would not add the tag.
 """
 
 from __future__ import annotations
@@ -429,13 +431,20 @@ def import_hf(directory: PathLike) -> dict[str, Any]:
 
 # ---- export -------------------------------------------------------------------------------
 
-def export_hf(translator: Translator, output: PathLike) -> dict[str, Any]:
+def export_hf(translator: Translator, output: PathLike, *, source: str = "") -> dict[str, Any]:
     """Write `translator`'s model as a Hugging Face directory `output` that
     `AutoModelForSeq2SeqLM`, `AutoTokenizer` and `pipeline("translation")` load offline:
     config.json, generation_config.json, model.safetensors, and MarianTokenizer's files
     (source.spm, target.spm, vocab.json, tokenizer_config.json). The directory appears
     complete or not at all (built beside `output`, then renamed; an existing one is
-    replaced only if it holds a config.json). Returns config.json's contents."""
+    replaced only if it holds a config.json). A multilingual model is refused with an
+    `ExportError` naming `source` (its checkpoint), before anything is written. Returns
+    config.json's contents."""
+    translator.check_bilingual(
+        source, "exporting it to Hugging Face",
+        "MarianTokenizer and generate() do not put the target-language tag every source of "
+        "this model needs in front of it; translate it with transformer translate "
+        "--target-lang")
     safetensors = require("safetensors.torch", extra="hf", feature="export --format hf")
     model, tokenizers = translator.model, translator.tokenizers
     config = hf_config(model.config)

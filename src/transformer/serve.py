@@ -11,12 +11,16 @@ Endpoints (errors are `{"error": "...", "field": "..."}` with a 4xx/5xx status):
   `sampling_topp`, `temperature`, `seed` (sampling instead of beam search); `prefix` (one
   string per sentence that its translation must begin with); `alignment: true`
   (`"alignments": ["0-0 1-2", ...]`, or an `"alignment"` per n-best entry), with
-  `alignment_layer` and `alignment_head`. A bad option is a 422 naming its field.
-- `POST /attention` `{"text": "..."}` -> the sentence's translation, its SentencePiece pieces
+  `alignment_layer` and `alignment_head`; `target_lang` (`"de"`), the language to translate
+  into: required by a multilingual model, one of `/info`'s `target_languages`. A bad option
+  is a 422 naming its field.
+- `POST /attention` `{"text": "..."}` (and `target_lang`, as above) -> the sentence's
+  translation, its SentencePiece pieces (a multilingual model's target-language tag first)
   and every attention layer's per-head weights, teacher-forced on that translation (the torch
   engine only; another engine answers 501).
-- `GET /health`, `GET /info` (languages, parameters, model config, engine, decoding defaults,
-  limits); `GET /` the page (`static/`: plain HTML, JS and CSS, nothing fetched from outside).
+- `GET /health`, `GET /info` (languages, the target languages, parameters, model config,
+  engine, decoding defaults, limits); `GET /` the page (`static/`: plain HTML, JS and CSS,
+  nothing fetched from outside).
 
 Requests arriving together are translated together: `Batcher` queues them, and one worker
 takes the first waiting request plus whatever arrives within `max_wait_s`, up to `max_tokens`
@@ -94,6 +98,7 @@ class TranslateRequest(BaseModel):
     alignment: bool = False  # also the word alignment of each translation ("0-0 1-2")
     alignment_layer: int | None = None
     alignment_head: int | None = None
+    target_lang: str | None = None  # None: the model's only target language
 
     def decoding(self, translator: BaseTranslator) -> DecodingRequest:
         """The decoding request over the translator's defaults (422 naming the field)."""
@@ -108,10 +113,12 @@ class AttentionRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     text: Annotated[Sentence, StringConstraints(min_length=1)]
     beam_size: BeamSize | None = None
+    target_lang: str | None = None
 
     def decoding(self, translator: BaseTranslator) -> DecodingRequest:
         """The decoding request over the translator's defaults (422 naming the field)."""
-        return _checked(lambda: translator.request(beam_size=self.beam_size))
+        return _checked(lambda: translator.request(beam_size=self.beam_size,
+                                                   target_lang=self.target_lang))
 
 
 class ApiError(TransformerError):
@@ -167,15 +174,17 @@ def _field_name(loc: Sequence[Any]) -> str:
 
 
 def source_tokens(translator: BaseTranslator, lines: Sequence[str]) -> list[int]:
-    """Source tokens (pieces + EOS) of each line; a line over the model's position limit is
-    refused, naming it (translate.py truncates such a line with a warning instead)."""
+    """Source tokens (tags + pieces + EOS) of each line; a line over the model's position
+    limit (`max_source_tokens` pieces: the tag and EOS take their places) is refused, naming
+    it (translate.py truncates such a line with a warning instead)."""
     limit = translator.max_source_tokens
+    added = translator.model_config.max_positions - limit  # EOS and a target-language tag
     counts = [len(ids) for ids in translator.tokenizers.src.encode_batch(list(lines))]
     for i, count in enumerate(counts):
         if count > limit:
             raise ApiError(422, f"text[{i}] has {count} SentencePiece pieces; the model reads "
                                 f"at most {limit}", f"text[{i}]")
-    return [count + 1 for count in counts]
+    return [count + added for count in counts]
 
 
 # ---- the batcher ----------------------------------------------------------------------------
@@ -365,10 +374,12 @@ def attention_report(translator: Translator, text: str,
     translation (`attention_maps.attention_maps`): per layer its kind, block index, the
     original indices of its remaining heads (pruned heads are absent) and the weights,
     (heads, queries, keys) as nested lists. `labels[kind]` names the queries and keys with
-    SentencePiece pieces (`attention_maps.axis_labels`)."""
+    SentencePiece pieces (`attention_maps.axis_labels`); the source's are those the model
+    reads (`encode_sources`: a multilingual model's tag first)."""
     translation = translator.translate([text], request)[0]
     tokenizers = translator.tokenizers
-    src_ids = tokenizers.src.encode(text)[:translator.max_source_tokens]
+    target_lang = None if request is None else request.target_lang
+    src_ids = translator.encode_sources([text], target_lang)[0][:-1]  # attention_maps adds EOS
     tgt_ids = tokenizers.tgt.encode(translation)
     maps = attention_maps(translator.model, src_ids, tgt_ids)  # name -> (heads, q, k)
     labels = axis_labels(tokenizers, src_ids, tgt_ids)
@@ -384,12 +395,14 @@ def attention_report(translator: Translator, text: str,
 
 
 def server_info(translator: BaseTranslator) -> dict[str, Any]:
-    """What /info reports: engine, languages, model size and config, decoding defaults and
+    """What /info reports: engine, languages (a multilingual model's target is null), the
+    target languages `target_lang` may name, model size and config, decoding defaults and
     the request limits. Fields an engine cannot tell are null."""
     languages = translator.languages
     return {
         "engine": translator.engine,
         "languages": {"source": languages["src"], "target": languages["tgt"]},
+        "target_languages": list(translator.target_languages),
         "parameters": translator.num_parameters,
         "model": translator.model_config.to_dict(),
         "decoding": asdict(translator.decoding),

@@ -4,10 +4,18 @@
     translator.translate(["A man rides a bike."], beam_size=5)        # -> ["Ein Mann ..."]
     translator.translations(lines, nbest=3)   # -> per line 3 Translations (text, score, ...)
     translator.translations(lines, translator.request(nbest=3, alpha=2.0))   # the same object
+    translator.translate(lines, target_lang="fr")     # a multilingual model: into French
 
 `BaseTranslator` is the interface every engine offers (ours here, CTranslate2's in
 `engines.py`), and all that `transformer translate`, the server and the export rely on. Every
 call decodes as one `decoding.DecodingRequest` says, built and checked once (`request`).
+
+A multilingual model (trained into several target languages, `config.DataConfig.lang_tags`)
+reads the target language's tag (`<2fr>`) in front of every source, as in training: each
+call names its language (`target_lang`), `check` refuses a call without one or into a
+language the model was not trained for, and `encode_sources`, the one source encoding of
+every path (search, sampling, prefixes, alignments, scoring), puts the tag first. The tag is
+not a word of the text: alignments count the text's words only.
 """
 
 from __future__ import annotations
@@ -34,8 +42,8 @@ from .checkpoint import (
     tokenizers_from_state,
 )
 from .config import DecodingSettings, TrainConfig
-from .decoding import DecodingRequest
-from .errors import DataError
+from .decoding import DecodingRequest, RequestError, literal
+from .errors import CheckpointError, DataError, ExportError
 from .loss import sentence_log_probs
 from .model import ModelConfig, Transformer
 from .runtime import resolve_device
@@ -62,9 +70,10 @@ class Translation:
 
 class BaseTranslator(ABC):
     """What every engine's translator offers: tokenizers, decoding defaults, the source
-    encoding (pieces + EOS, over-long lines truncated), `translate`'s batching and return
-    conventions, and what the tools around it read (`model_config`, `max_source_tokens`,
-    `languages`, `vocab_map`). An engine supplies `model_config` and `_search`
+    encoding (a multilingual model's target-language tag + pieces + EOS, over-long lines
+    truncated), `translate`'s batching and return conventions, and what the tools around it
+    read (`model_config`, `max_source_tokens`, `languages`, `target_languages`,
+    `multilingual`, `vocab_map`). An engine supplies `model_config` and `_search`
     (`Translator`: our PyTorch model; `engines.CTranslate2Translator`: an exported model).
 
     `decoding` holds the defaults every `translate` call starts from; `training_config` is
@@ -88,14 +97,36 @@ class BaseTranslator(ABC):
 
     @property
     def max_source_tokens(self) -> int:
-        """Source pieces the model reads at most (its position limit, minus EOS)."""
-        return self.model_config.max_positions - 1
+        """Pieces of a source line the model reads at most: its position limit, minus EOS
+        and a multilingual model's target-language tag."""
+        tags = self.source_tags(self.target_languages[0]) if self.multilingual else []
+        return self.model_config.max_positions - 1 - len(tags)
 
     @property
     def languages(self) -> dict[str, str | None]:
-        """{"src": code, "tgt": code} of the training data; None where not recorded."""
-        data = None if self.training_config is None else self.training_config.data
-        return {"src": data and data.src_lang, "tgt": data and data.tgt_lang}
+        """{"src": code, "tgt": code} of the training data; None where not recorded, and
+        "tgt" None for a multilingual model (its languages: `target_languages`)."""
+        if self.training_config is None:
+            return {"src": None, "tgt": None}
+        data = self.training_config.data
+        return {"src": data.src_lang, "tgt": None if data.lang_tags else
+                data.target_languages()[0]}
+
+    @property
+    def target_languages(self) -> tuple[str, ...]:
+        """The languages the model translates into, sorted: its training data's
+        (`DataConfig.target_languages`); without a training config (an imported model),
+        `languages["tgt"]` where known, else none."""
+        if self.training_config is not None:
+            return tuple(self.training_config.data.target_languages())
+        tgt = self.languages["tgt"]
+        return () if tgt is None else (tgt,)
+
+    @property
+    def multilingual(self) -> bool:
+        """Whether the model reads a target-language tag in front of every source: it was
+        trained into several languages (`DataConfig.lang_tags`)."""
+        return self.training_config is not None and self.training_config.data.lang_tags
 
     @property
     def vocab_map(self) -> dict[str, Any] | None:
@@ -122,14 +153,61 @@ class BaseTranslator(ABC):
         return request
 
     def check(self, request: DecodingRequest) -> None:
-        """Raise `RequestError` for what this model cannot do: an alignment layer or head it
-        does not have. Engines add what they cannot do (and call this)."""
+        """Raise `RequestError` for what this model cannot do: translate into a language it
+        was not trained for (or, multilingual, into no language named), align with a layer
+        or head it does not have. Engines add what they cannot do (and call this)."""
+        self._check_target_lang(request.target_lang)
         if request.alignment is not None:
             c = self.model_config
             layer = request.alignment.layer % c.num_decoder_layers
             pruned = c.pruned_heads.get(f"decoder.blks.{layer}.attention2", [])
             heads = [h for h in range(c.num_heads + len(pruned)) if h not in pruned]
             request.alignment.check(c.num_decoder_layers, heads)
+
+    def _check_target_lang(self, lang: str | None) -> None:
+        """`RequestError` naming target_lang unless the model translates into `lang` (None:
+        its only target language; a multilingual model has none)."""
+        langs = self.target_languages
+        listed = ", ".join(langs)
+        if lang is None and self.multilingual:
+            raise RequestError("target_lang", f"this model translates into {listed}: choose "
+                                              f"one with {{target_lang}}")
+        if lang is None or lang in langs:
+            return
+        if not langs:
+            raise RequestError("target_lang", f"this model does not record the language it "
+                                              f"translates into, so it cannot check "
+                                              f"{{target_lang}} {literal(lang)}: leave it out")
+        choose = ("choose one of them with {target_lang}" if self.multilingual
+                  else f"leave {{target_lang}} out or give {langs[0]}")
+        raise RequestError("target_lang", f"this model was not trained to translate into "
+                                          f"{literal(lang)} (it translates into {listed}): "
+                                          f"{choose}")
+
+    def source_tags(self, target_lang: str | None) -> list[int]:
+        """The ids in front of every source translated into `target_lang`: a multilingual
+        model's target-language tag (`DataConfig.source_tags`), else none. `RequestError`
+        for a language the model does not take (`check`)."""
+        if not self.multilingual:
+            return []
+        self._check_target_lang(target_lang)
+        ids = self.tokenizers.src.tags
+        pieces = self.training_config.data.source_tags(None, target_lang)
+        for piece in pieces:
+            if piece not in ids:
+                raise CheckpointError(f"the model's source tokenizer has no piece {piece}, "
+                                      f"the tag of target language {target_lang}")
+        return [ids[piece] for piece in pieces]
+
+    def check_bilingual(self, name: str, action: str, reason: str) -> None:
+        """`ExportError` (one line) for a multilingual model, which `action` (e.g.
+        "exporting it to CTranslate2") cannot carry: `name` (e.g. its checkpoint) is
+        multilingual, the action is not supported, `reason`."""
+        if self.multilingual:
+            tags = ", ".join(self.training_config.data.source_tags(None, lang)[0]
+                             for lang in self.target_languages)
+            raise ExportError(f"{name or 'the model'} is a multilingual model (target-language "
+                              f"tags {tags}); {action} is not supported: {reason}")
 
     def translate(self, lines: Sequence[str], request: DecodingRequest | None = None,
                   **options: Any) -> list[str]:
@@ -145,20 +223,22 @@ class BaseTranslator(ABC):
                      **options: Any) -> list[list[Translation]]:
         """Translate sentences, in input order -> the `nbest` best `Translation`s per line.
 
-        How to decode: `request`, with `options` (its fields, e.g. `beam_size=4`) replaced;
-        without a request, this translator's defaults (see `request`). `prefixes` (one
-        string per line, "" for none): text each translation must begin with. An empty
-        (blank) line gives "" with score 0.0 without running the model. Lines are batched
-        by length (`max_tokens` source tokens per batch, padding included). `line_offset`
-        is added to line numbers in messages; `on_progress(n)` is called as sentences are
-        done.
+        How to decode: `request`, with `options` (its fields, e.g. `beam_size=4`,
+        `target_lang="de"`) replaced; without a request, this translator's defaults (see
+        `request`). `prefixes` (one string per line, "" for none): text each translation
+        must begin with. An empty (blank) line gives "" with score 0.0 without running the
+        model. Lines are batched by length (`max_tokens` source tokens per batch, padding
+        included). `line_offset` is added to line numbers in messages; `on_progress(n)` is
+        called as sentences are done.
         """
         request = self.request(request, **options)
-        sources = self._encode(lines, line_offset)
+        sources = self.encode_sources(lines, request.target_lang, line_offset=line_offset)
         targets = None if prefixes is None else self._encode_prefixes(prefixes, len(lines))
         hyps = self._search(sources, request, prefixes=targets, max_tokens=max_tokens,
                             on_progress=on_progress)
-        return [[self._translation(h, src, request.alignment is not None) for h in sentence]
+        tags = (None if request.alignment is None
+                else len(self.source_tags(request.target_lang)))
+        return [[self._translation(h, src, tags) for h in sentence]
                 for sentence, src in zip(hyps, sources, strict=True)]
 
     def _encode_prefixes(self, prefixes: Sequence[str], num_lines: int) -> list[list[int]]:
@@ -174,35 +254,42 @@ class BaseTranslator(ABC):
                                 f"at most {limit - 1} before EOS")
         return ids
 
-    def _translation(self, hyp: Hypothesis, source: list[int], aligned: bool) -> Translation:
-        """A hypothesis as text, with its word alignment where asked (and a source)."""
+    def _translation(self, hyp: Hypothesis, source: list[int],
+                     tags: int | None) -> Translation:
+        """A hypothesis as text, with its word alignment where asked (`tags`: how many tag
+        ids begin the source, None: no alignment). Alignments count the text's words: the
+        tags' attention columns are left out, as the EOS's."""
         alignment = None
-        if aligned:
+        if tags is not None:
             alignment = [] if hyp.attention is None else word_alignment(
-                hyp.attention, [self.tokenizers.src.id_to_piece(i) for i in source[:-1]],
+                hyp.attention[:, tags:],
+                [self.tokenizers.src.id_to_piece(i) for i in source[tags:-1]],
                 [self.tokenizers.tgt.id_to_piece(i) for i in hyp.tokens])
         return Translation(self._decode(hyp.tokens), hyp.score, hyp.log_prob, alignment)
 
     def score(self, sources: Sequence[str], targets: Sequence[str], *,
-              alpha: float | None = None, max_tokens: int = DEFAULT_MAX_TOKENS,
-              line_offset: int = 0) -> list[Hypothesis]:
-        """Forced decoding: the model's score of each given translation of each source.
-        Returns per pair a `Hypothesis` of the target's pieces, its log-probability (the
-        sum over its tokens, EOS included) and its length-normalised score (as the search
-        ranks: log_prob / length_penalty(pieces + 1, alpha)), in input order, batched by
-        length like `translate`. A blank source is read as just EOS."""
+              alpha: float | None = None, target_lang: str | None = None,
+              max_tokens: int = DEFAULT_MAX_TOKENS, line_offset: int = 0) -> list[Hypothesis]:
+        """Forced decoding: the model's score of each given translation of each source
+        (translated into `target_lang`, checked as a request's). Returns per pair a
+        `Hypothesis` of the target's pieces, its log-probability (the sum over its tokens,
+        EOS included) and its length-normalised score (as the search ranks: log_prob /
+        length_penalty(pieces + 1, alpha)), in input order, batched by length like
+        `translate`. A blank source is read as just its tags and EOS."""
         if len(sources) != len(targets):
             raise DataError(f"{len(sources)} sources but {len(targets)} translations to score")
-        alpha = self.request(alpha=alpha).alpha  # None: the default; checked as a request's
-        eos = self.tokenizers.src.specials.eos
-        src = [ids or [eos] for ids in self._encode(sources, line_offset)]
+        # None: the defaults; checked as a request's
+        request = self.request(alpha=alpha, target_lang=target_lang)
+        src = self.encode_sources(sources, request.target_lang, line_offset=line_offset,
+                                  blank=True)
         tgt = self.tokenizers.tgt.encode_batch(list(targets))
         for number, ids in enumerate(tgt, line_offset + 1):
             if len(ids) >= self.model_config.max_positions:
                 raise DataError(f"translation {number} has {len(ids)} pieces; the model "
                                 f"reads at most {self.model_config.max_positions - 1}")
         log_probs = self._score(src, tgt, max_tokens=max_tokens)
-        return [Hypothesis(ids, log_prob / length_penalty(len(ids) + 1, alpha), log_prob)
+        return [Hypothesis(ids, log_prob / length_penalty(len(ids) + 1, request.alpha),
+                           log_prob)
                 for ids, log_prob in zip(tgt, log_probs, strict=True)]
 
     @abstractmethod
@@ -218,20 +305,33 @@ class BaseTranslator(ABC):
         a blank line) -> `nbest` hypotheses per sentence, in input order, each with its
         `attention` (output pieces, source pieces + EOS) when the request aligns."""
 
-    def _encode(self, lines: Sequence[str], line_offset: int) -> list[list[int]]:
-        """Source ids (pieces + EOS) per line, [] for a blank line; over-long lines are
-        truncated to the model's limit with a warning naming the line."""
+    def encode_sources(self, lines: Sequence[str], target_lang: str | None = None, *,
+                       line_offset: int = 0, blank: bool = False) -> list[list[int]]:
+        """The ids the model reads for each line translated into `target_lang`: its tags
+        (`source_tags`) + pieces + EOS, as in training. A blank line is [] (it is not
+        translated), or with `blank` its tags + EOS. Over-long lines are truncated to the
+        model's limit (`max_source_tokens`) with a warning naming the line (numbered from
+        `line_offset` + 1). Every path that gives the model sources encodes them here."""
         limit = self.max_source_tokens
+        tags, eos = self.source_tags(target_lang), self.tokenizers.src.specials.eos
         pieces = self.tokenizers.src.encode_batch([line if line.strip() else ""
                                                    for line in lines])
+        reserved = set(self.tokenizers.src.tags.values())
+        if reserved:  # a tag typed in the text is not one: only `target_lang` chooses
+            pieces = [[i for i in ids if i not in reserved] for ids in pieces]
         sources = []
         for number, ids in enumerate(pieces, line_offset + 1):
             if len(ids) > limit:
                 log.warning("line %d has %d source tokens, more than the model's limit of %d; "
                             "translating its first %d", number, len(ids), limit, limit)
                 ids = ids[:limit]
-            sources.append(ids + [self.tokenizers.src.specials.eos] if ids else [])
+            sources.append(tags + ids + [eos] if ids or blank else [])
         return sources
+
+    def _encode(self, lines: Sequence[str], line_offset: int) -> list[list[int]]:
+        """`encode_sources` into the model's only target language (lines numbered from
+        `line_offset` + 1)."""
+        return self.encode_sources(lines, line_offset=line_offset)
 
     def _decode(self, ids: list[int]) -> str:
         """Detokenized text on one line (a generated newline byte must not split it)."""

@@ -21,7 +21,11 @@ transformer/vocab_map.py). Needs the `ctranslate2` package: pip install
 (`AutoModelForSeq2SeqLM.from_pretrained(DIR)`, `AutoTokenizer`, `pipeline("translation")`):
 post-norm models as `MarianMTModel`, pre-norm ones as `PegasusForConditionalGeneration`,
 with MarianTokenizer's files and a generation_config.json of the checkpoint's beam size
-(see transformer/hf.py). Needs `safetensors` (the `hf` extra). `python scripts/export.py`
+(see transformer/hf.py). Needs `safetensors` (the `hf` extra).
+
+A multilingual model (trained into several target languages, each source tagged with its
+target language) exports to neither format: the command says so in one line and writes
+nothing; translate it with `transformer translate --target-lang`. `python scripts/export.py`
 is the same command.
 """
 
@@ -32,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..export import QUANTIZATIONS, export_ctranslate2, require_ctranslate2
+from ..export import QUANTIZATIONS, check_exportable, export_ctranslate2, require_ctranslate2
 from ..hf import export_hf
 from ..translator import Translator
 from ..vocab_map import DEFAULT_ALWAYS, DEFAULT_PER_SOURCE, build_vocab_map
@@ -77,18 +81,21 @@ def check_options(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> None:
     check_options(args)
+    source = " ".join(args.checkpoint)
     if args.format == "hf":
-        config = export_hf(Translator.load(args.checkpoint, device="cpu"), args.output)
+        config = export_hf(Translator.load(args.checkpoint, device="cpu"), args.output,
+                           source=source)
         print(f"wrote {args.output} ({config['architectures'][0]}, "
               f"{config['vocab_size']:,} pieces)")
         return
     require_ctranslate2()  # before loading anything
     translator = Translator.load(args.checkpoint, device="cpu")
+    check_exportable(translator, source)  # before counting a vocabulary map
     vocab_map = None if args.vocab_map is None else build_vocab_map(
         translator.tokenizers, *args.vocab_map, per_source=args.vocab_map_size,
         always=args.vocab_map_always)
     export_ctranslate2(translator, args.output, quantization=args.quantization,
-                       source=" ".join(args.checkpoint), vocab_map=vocab_map)
+                       source=source, vocab_map=vocab_map)
     size = (args.output / "model.bin").stat().st_size
     mapped = "" if vocab_map is None else (
         f", vocabulary map of {len(vocab_map.candidates):,} source pieces from "

@@ -1,7 +1,8 @@
 """Options that several commands share, declared once: the model to load (`--checkpoint`,
 `--engine`, `--device`, `--threads`), `--max-tokens`, the decoding options (the fields of
-`decoding.DecodingRequest`, spelled as options: `nbest` is `--nbest`), and the evaluation
-data of the commands that score a model (`--data`, `--src`, `--ref`, ...).
+`decoding.DecodingRequest`, spelled as options: `nbest` is `--nbest`, `target_lang`
+`--target-lang`), and the evaluation data of the commands that score a model (`--data`,
+`--src`, `--ref`, ...).
 
     add_model_options(parser)                      # then: load_model(args)
     add_decoding_options(parser)                   # then: decoding_request(args, translator)
@@ -83,7 +84,8 @@ def load_model(args: argparse.Namespace) -> BaseTranslator:
 def add_decoding_options(parser: argparse.ArgumentParser, *, modes: bool = True) -> None:
     """The decoding request's options: the search (`--beam-size`, `--nbest`, `--alpha`,
     `--max-len-a`, `--max-len-b`, each left out: the checkpoint's chosen value, else the
-    default), and with `modes` sampling and alignments."""
+    default), the language to translate into (`--target-lang`), and with `modes` sampling
+    and alignments."""
     p = parser
     p.add_argument("--beam-size", type=int,
                    help="default: the checkpoint's chosen beam size, else 5")
@@ -94,6 +96,10 @@ def add_decoding_options(parser: argparse.ArgumentParser, *, modes: bool = True)
     p.add_argument("--max-len-a", type=float,
                    help="outputs have at most a * source_len + b tokens (default 1.5)")
     p.add_argument("--max-len-b", type=int, help="(default 10)")
+    p.add_argument("--target-lang", metavar="LANG",
+                   help="the language to translate into, e.g. de: required by a multilingual "
+                        "model (one of those it was trained for); a bilingual one takes its "
+                        "own (default: the model's only target language)")
     if not modes:
         return
     sampling = p.add_argument_group("sampling (instead of beam search)")

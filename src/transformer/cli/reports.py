@@ -69,15 +69,16 @@ def translate_lines(translator: BaseTranslator, lines: Iterable[str], out: TextI
 
 def score_lines(translator: BaseTranslator, sources: Sequence[str], targets: Sequence[str],
                 out: TextIO, *, alpha: float, chunk_lines: int = 10_000,
-                max_tokens: int = DEFAULT_MAX_TOKENS,
+                max_tokens: int = DEFAULT_MAX_TOKENS, target_lang: str | None = None,
                 on_progress: Callable[[int], None] | None = None) -> None:
     """Forced decoding of each (source, translation) pair, chunk by chunk: one line per
-    pair, LOG_PROB <tab> SCORE (`BaseTranslator.score`; SCORE is length-normalised by
-    `alpha`, as the search ranks)."""
+    pair, LOG_PROB <tab> SCORE (`BaseTranslator.score`, into `target_lang`; SCORE is
+    length-normalised by `alpha`, as the search ranks)."""
     for start in range(0, len(sources), chunk_lines):
         end = start + chunk_lines
         for hyp in translator.score(sources[start:end], targets[start:end], alpha=alpha,
-                                    max_tokens=max_tokens, line_offset=start):
+                                    max_tokens=max_tokens, line_offset=start,
+                                    target_lang=target_lang):
             out.write(f"{hyp.log_prob:.6f}\t{hyp.score:.6f}\n")
         if on_progress is not None:
             on_progress(len(sources[start:end]))

@@ -2,11 +2,12 @@
 
     transformer translate --checkpoint RUN_DIR_OR_PT [--input FILE] [--output FILE]
         [--beam-size 5] [--nbest 1] [--max-tokens N] [--device auto] [--threads N]
-        [--engine torch|ctranslate2] [--reference FILE]
+        [--engine torch|ctranslate2] [--target-lang LANG] [--reference FILE]
         [--paper-protocol TOKENIZED_REFERENCE [--paper-lang de]]
         [--sampling-topk K] [--sampling-topp P] [--temperature T] [--seed S]
         [--prefix FILE] [--alignment [--alignment-layer L] [--alignment-head H]]
     transformer translate --checkpoint ... --input FILE --score --reference FILE
+        [--target-lang LANG]
 
 `--engine ctranslate2` translates with CTranslate2 from a directory written by
 `transformer export` (given as `--checkpoint`), with the same options and output.
@@ -14,6 +15,9 @@
 One translation per input line, in input order (an empty line gives an empty line). Beam
 size and length penalty default to those stored in the checkpoint by
 `transformer tune-decoding` (else beam 5, alpha 1.0); the settings used are printed on stderr.
+`--target-lang` chooses the language a multilingual model translates (and `--score` scores)
+into, one of those it was trained for, and must be given for such a model; a bilingual model
+takes its own language or none.
 `--output` appears only once complete (written atomically). With
 `--nbest K`: K lines per input line, `LINE_NUMBER<TAB>SCORE<TAB>TRANSLATION`, best first.
 With `--reference`: BLEU and chrF with their signatures on stderr, as the sacrebleu CLI
@@ -154,9 +158,11 @@ def run_score(args: argparse.Namespace) -> None:
         raise DataError(f"the reference {args.reference} has {len(targets)} lines but the "
                         f"input {args.input} has {len(sources)}")
     translator = load_model(args)
-    alpha = decoding_request(args, translator).alpha
-    print(f"scoring {len(sources):,} translations: log-prob and log-prob / length penalty "
-          f"(alpha {alpha:g})", file=sys.stderr)
+    request = decoding_request(args, translator)
+    alpha = request.alpha
+    into = f" into {request.target_lang}" if request.target_lang else ""
+    print(f"scoring {len(sources):,} translations{into}: log-prob and log-prob / length "
+          f"penalty (alpha {alpha:g})", file=sys.stderr)
     with contextlib.ExitStack() as stack:
         out = (stack.enter_context(atomic_write(args.output, text=True)) if args.output
                else sys.stdout)
@@ -164,12 +170,13 @@ def run_score(args: argparse.Namespace) -> None:
                                        dynamic_ncols=True))
         score_lines(translator, sources, targets, out, alpha=alpha,
                     chunk_lines=args.chunk_lines, max_tokens=args.max_tokens,
-                    on_progress=bar.update)
+                    target_lang=request.target_lang, on_progress=bar.update)
 
 
 def _describe(request: DecodingRequest, stored: DecodingSettings,
               args: argparse.Namespace) -> str:
-    """E.g. "beam 5, alpha 2.5 (from the checkpoint), max length 1.5 * source + 10"."""
+    """E.g. "beam 5, alpha 2.5 (from the checkpoint), max length 1.5 * source + 10", and
+    "into de" where a target language is named."""
     def origin(name: str) -> str:
         given = getattr(args, name) is not None
         chosen = getattr(stored, name) != getattr(DecodingSettings(), name)
@@ -179,8 +186,9 @@ def _describe(request: DecodingRequest, stored: DecodingSettings,
     search = (f"beam {request.beam_size}{origin('beam_size')}" if sampling is None else
               f"sampling (top-k {sampling.topk or 'all'}, top-p {sampling.topp:g}, "
               f"temperature {sampling.temperature:g}, seed {sampling.seed})")
+    into = f", into {request.target_lang}" if request.target_lang else ""
     return (f"{search}, alpha {request.alpha:g}{origin('alpha')}, max length "
-            f"{request.max_len_a:g} * source + {request.max_len_b}")
+            f"{request.max_len_a:g} * source + {request.max_len_b}{into}")
 
 
 def _paper_lang(args: argparse.Namespace) -> str:
