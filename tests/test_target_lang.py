@@ -337,3 +337,29 @@ def test_translate_with_a_bilingual_model(bilingual_checkpoint, tmp_path):
     assert status == 1 and err.splitlines()[-1] == (
         "error: this model was not trained to translate into 'fr' (it translates into de): "
         "leave --target-lang out or give de")
+
+
+def test_tune_decoding_scores_each_validation_set_into_its_language(tokenizer, tmp_path):
+    """A run with two named validation sets: each is translated into its own language
+    and scored by sacreBLEU; the trial's BLEU is their mean (what the choice compares)."""
+    import sacrebleu
+
+    from transformer.config import EvalSetConfig
+    from transformer.evaluation import evaluation_sets, tune_decoding
+
+    valid = [EvalSetConfig(name=f"en-{lang}", src=str(MULTI30K_SLICE / "val.en.gz"),
+                           tgt=str(MULTI30K_SLICE / "val.de.gz"), tgt_lang=lang)
+             for lang in ("de", "fr")]
+    config = TrainConfig(data=DataConfig(corpora=MULTILINGUAL.data.corpora, valid_sets=valid))
+    path = save(tokenizer, config, tmp_path / "multi.pt")
+    sets = evaluation_sets(config, data="valid", max_sentences=12)
+    assert [(one.name, one.target_lang, len(one.text)) for one in sets] == [
+        ("en-de", "de", 12), ("en-fr", "fr", 12)]
+    assert [one.name for one in evaluation_sets(config, name="en-fr")] == ["en-fr"]
+    (trial,) = tune_decoding([path], sets, lasts=[1], alphas=[1.0], beam_size=2, device="cpu")
+    model = Translator.load(path, device="cpu")
+    expected = {one.name: sacrebleu.corpus_bleu(
+        model.translate(one.text.src, beam_size=2, alpha=1.0, target_lang=one.target_lang),
+        [one.text.tgt]).score for one in sets}
+    assert trial.per_set == pytest.approx(expected)
+    assert trial.bleu == pytest.approx(sum(expected.values()) / 2)

@@ -29,11 +29,17 @@ from transformer.cli.reports import bleu_report, paper_protocol, translate_lines
 from transformer.config import DecodingSettings
 from transformer.decoding import AlignmentOptions, DecodingRequest
 from transformer.errors import CheckpointError
-from transformer.evaluation import best_trial, checkpoints_within, tune_decoding
+from transformer.evaluation import (
+    EvaluationSet,
+    best_trial,
+    checkpoints_within,
+    tune_decoding,
+)
 from transformer.loss import teacher_forced_loss
 from transformer.model import ModelConfig, Transformer
 from transformer.search import beam_search, length_penalty, sample_search
 from transformer.store import ParallelCorpus
+from transformer.text import ParallelText
 from transformer.tokenizer import EOS_ID, PAD_ID, Tokenizer, TokenizerPair
 from transformer.translator import Translator
 
@@ -544,7 +550,9 @@ def test_checkpoints_within_keeps_those_saved_in_time(copy_run):
 
 def test_tune_decoding_scores_every_average_and_alpha(copy_run, copy_inputs):
     checkpoints = checkpoints_within(copy_run / "checkpoints", 250)
-    trials = tune_decoding(checkpoints, copy_inputs, copy_inputs, lasts=[1, 2, 5],
+    copies = [EvaluationSet("copy", ParallelText(copy_inputs, copy_inputs,
+                                                 list(range(len(copy_inputs)))))]
+    trials = tune_decoding(checkpoints, copies, lasts=[1, 2, 5],
                            alphas=[0.5, 2.0], beam_size=2, device="cpu")
     assert [(len(t.checkpoints), t.alpha) for t in trials] == [(1, 0.5), (1, 2.0),
                                                                 (2, 0.5), (2, 2.0)]
@@ -558,7 +566,7 @@ def test_tune_decoding_scores_every_average_and_alpha(copy_run, copy_inputs):
     assert trials[3].brevity_penalty == pytest.approx(expected.bp)
     assert best_trial(trials) is trials[0]  # ties go to fewer checkpoints, then the first alpha
     with pytest.raises(CheckpointError, match="fewer than any"):
-        tune_decoding(checkpoints, copy_inputs, copy_inputs, lasts=[3], alphas=[1.0])
+        tune_decoding(checkpoints, copies, lasts=[3], alphas=[1.0])
 
 
 def test_tune_decoding_script_writes_the_chosen_average(copy_run, copy_inputs, copy_checkpoint,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
@@ -30,8 +30,8 @@ from .search import DEFAULT_MAX_TOKENS
 from .text import ParallelText, read_parallel
 from .translator import Translator
 
-__all__ = ["evaluation_text", "checkpoints_within", "DecodingTrial", "tune_decoding",
-           "best_trial"]
+__all__ = ["evaluation_text", "EvaluationSet", "evaluation_sets", "checkpoints_within",
+           "DecodingTrial", "tune_decoding", "best_trial"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -93,6 +93,35 @@ def evaluation_text(training_config: TrainConfig | None, *, data: str = "valid",
                         text.lines[:max_sentences])
 
 
+@dataclass(frozen=True)
+class EvaluationSet:
+    """A named set of sentence pairs, and the language to translate it into (for a model
+    trained for several target languages; None for the others)."""
+
+    name: str
+    text: ParallelText
+    target_lang: str | None = None
+
+
+def evaluation_sets(training_config: TrainConfig | None, *, data: str = "valid",
+                    data_root: PathLike | None = None, src: PathLike | None = None,
+                    ref: PathLike | None = None, max_sentences: int | None = None,
+                    name: str | None = None) -> list[EvaluationSet]:
+    """The given `src`/`ref` files as one set, else every set of the run's split `data`
+    (`data.valid_sets`, or the one split), or its set `name` (see `evaluation_text`)."""
+    if src is not None or training_config is None:
+        text = evaluation_text(training_config, data=data, src=src, ref=ref,
+                               max_sentences=max_sentences)
+        return [EvaluationSet(name or "given", text)]
+    cfg = training_config.data
+    entries = cfg.evaluation_sets(data) if data in ("valid", "test") else []
+    names = [e.name for e in entries if name is None or e.name == name] or [name]
+    by_name = {e.name: e for e in entries}
+    return [EvaluationSet(n, evaluation_text(training_config, data=data, data_root=data_root,
+                                             max_sentences=max_sentences, name=n),
+                          by_name[n].tgt_lang if cfg.lang_tags else None) for n in names]
+
+
 # ---- choosing checkpoints and length penalty on validation data ---------------------------
 
 
@@ -121,18 +150,21 @@ class DecodingTrial:
 
     checkpoints: tuple[Path, ...]  # averaged, oldest first
     alpha: float                   # length-penalty exponent
-    bleu: float                    # cased sacreBLEU (13a)
-    brevity_penalty: float
+    bleu: float                    # cased sacreBLEU (13a); over several sets, their mean
+    brevity_penalty: float         # likewise
+    per_set: dict[str, float] = field(default_factory=dict)  # several sets: each one's BLEU
 
 
-def tune_decoding(checkpoints: Sequence[PathLike], sources: Sequence[str],
-                  references: Sequence[str], *, lasts: Sequence[int], alphas: Sequence[float],
+def tune_decoding(checkpoints: Sequence[PathLike], sets: Sequence[EvaluationSet], *,
+                  lasts: Sequence[int], alphas: Sequence[float],
                   beam_size: int = 5, max_tokens: int = DEFAULT_MAX_TOKENS,
                   device: str | torch.device = "auto",
                   on_trial: Callable[[DecodingTrial], None] | None = None
                   ) -> list[DecodingTrial]:
-    """BLEU of every (average of the newest `last` checkpoints, alpha) pair; a `last` beyond
-    the number of checkpoints is skipped. `checkpoints` are oldest first."""
+    """BLEU of every (average of the newest `last` checkpoints, alpha) pair on every set
+    (each into its target language; the mean over several sets is what `best_trial`
+    compares, as training selects by the mean validation BLEU); a `last` beyond the number
+    of checkpoints is skipped. `checkpoints` are oldest first."""
     if not lasts or not alphas or min(lasts) < 1 or min(alphas) < 0:
         raise ValueError(f"need lasts >= 1 and alphas >= 0, got {list(lasts)}, {list(alphas)}")
     trials = []
@@ -142,10 +174,15 @@ def tune_decoding(checkpoints: Sequence[PathLike], sources: Sequence[str],
         chosen = tuple(Path(p) for p in checkpoints[-last:])
         translator = Translator.load(list(chosen), device=device)
         for alpha in alphas:
-            hypotheses = translator.translate(list(sources), beam_size=beam_size, alpha=alpha,
-                                              max_tokens=max_tokens)
-            score = BLEU().corpus_score(hypotheses, [list(references)])
-            trials.append(DecodingTrial(chosen, alpha, score.score, score.bp))
+            scores = {one.name: BLEU().corpus_score(
+                translator.translate(one.text.src, beam_size=beam_size, alpha=alpha,
+                                     max_tokens=max_tokens, target_lang=one.target_lang),
+                [one.text.tgt]) for one in sets}
+            values = list(scores.values())
+            trials.append(DecodingTrial(
+                chosen, alpha, sum(v.score for v in values) / len(values),
+                sum(v.bp for v in values) / len(values),
+                {n: v.score for n, v in scores.items()} if len(sets) > 1 else {}))
             if on_trial is not None:
                 on_trial(trials[-1])
     if not trials:

@@ -142,6 +142,10 @@ def add_evaluation_options(parser: argparse.ArgumentParser,
     p.add_argument("--src", type=Path, help="source file (instead of --data)")
     p.add_argument("--ref", type=Path, help="reference file (instead of --data)")
     p.add_argument("--max-sentences", type=int, help="use only the first N sentences")
+    p.add_argument("--set", metavar="NAME",
+                   help="one named set of the run's (data.valid_sets / data.test_sets); "
+                        "default: tune-decoding every set (their mean BLEU), the others the "
+                        "first")
     add_max_tokens(p, max_tokens)
     add_device_options(p)
 
@@ -163,5 +167,5 @@ def load_for_evaluation(args: argparse.Namespace) -> Evaluation:
     translator = Translator.load(args.checkpoint, args.device)
     text = evaluation_text(translator.training_config, data=args.data,
                            data_root=args.data_root, src=args.src, ref=args.ref,
-                           max_sentences=args.max_sentences)
+                           max_sentences=args.max_sentences, name=args.set)
     return Evaluation(translator, text)

@@ -35,7 +35,7 @@ from ..evaluation import (
     DecodingTrial,
     best_trial,
     checkpoints_within,
-    evaluation_text,
+    evaluation_sets,
     tune_decoding,
 )
 from ..search import DEFAULT_MAX_TOKENS
@@ -61,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _row(trial: DecodingTrial) -> str:
+    per_set = "".join(f"  {name} {bleu:.2f}" for name, bleu in trial.per_set.items())
     return (f"{len(trial.checkpoints):>4}  {trial.alpha:>5.2f}  {trial.bleu:>5.2f}  "
-            f"{trial.brevity_penalty:.3f}  {trial.checkpoints[-1].name}")
+            f"{trial.brevity_penalty:.3f}  {trial.checkpoints[-1].name}{per_set}")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -74,15 +75,17 @@ def run(args: argparse.Namespace) -> None:
     folder = args.run / "checkpoints" if (args.run / "checkpoints").is_dir() else args.run
     checkpoints = checkpoints_within(folder, args.within)
     newest = load_checkpoint(checkpoints[-1], mmap=True)  # mapped: only its config is read
-    text = evaluation_text(stored_training_config(newest, checkpoints[-1]), data=args.data,
+    sets = evaluation_sets(stored_training_config(newest, checkpoints[-1]), data=args.data,
                            data_root=args.data_root, src=args.src, ref=args.ref,
-                           max_sentences=args.max_sentences)
+                           max_sentences=args.max_sentences, name=args.set)
     if args.threads:
         torch.set_num_threads(args.threads)
+    described = ", ".join(f"{one.name} {len(one.text)}" for one in sets)
     print(f"{len(checkpoints)} checkpoints ({checkpoints[0].name} .. {checkpoints[-1].name}); "
-          f"validation: {len(text)} sentences, beam {args.beam_size}")
+          f"validation: {described} sentences, beam {args.beam_size}"
+          + ("; BLEU: the mean over the sets" if len(sets) > 1 else ""))
     print("last  alpha   BLEU  BP     newest")
-    trials = tune_decoding(checkpoints, text.src, text.tgt, lasts=args.last,
+    trials = tune_decoding(checkpoints, sets, lasts=args.last,
                            alphas=args.alpha, beam_size=args.beam_size,
                            max_tokens=args.max_tokens, device=args.device,
                            on_trial=lambda t: print(_row(t), flush=True))
