@@ -147,13 +147,7 @@ class CorpusConfig:
 
     def validate(self) -> None:
         """One line naming the corpus and the key for the first bad value."""
-        _check(isinstance(self.name, str) and NAME.fullmatch(self.name) is not None,
-               f"data.corpora: every corpus needs a name (letters, digits, '_', '-', '.'), "
-               f"got {self.name!r}")
-        for side in ("src", "tgt"):
-            value = getattr(self, side)
-            _check(isinstance(value, str) and value != "",
-                   f"{self.key}.{side} must be a file path, got {value!r}")
+        _check_entry(self, "data.corpora")
         _check(_is_finite(self.weight) and self.weight > 0,
                f"{self.key}.weight must be a positive number, got {self.weight!r}")
         _check(self.tag is None or (isinstance(self.tag, str) and TAG.fullmatch(self.tag)
@@ -162,8 +156,6 @@ class CorpusConfig:
                f"{', '.join(SPECIAL_PIECES)}), got {self.tag!r}")
         _check(_positive_int_or_none(self.max_pairs),
                f"{self.key}.max_pairs must be a positive integer or null, got {self.max_pairs!r}")
-        _check_lang(self.src_lang, f"{self.key}.src_lang")
-        _check_lang(self.tgt_lang, f"{self.key}.tgt_lang")
         self.cleaning()
 
     def cleaning(self) -> Filters:
@@ -184,15 +176,20 @@ class EvalSetConfig:
 
     def validate(self, group: str) -> None:
         """One line naming the set and the key (`DataConfig` calls it with its group)."""
-        _check(isinstance(self.name, str) and NAME.fullmatch(self.name) is not None,
-               f"{group}: every set needs a name (letters, digits, '_', '-', '.'), "
-               f"got {self.name!r}")
-        for side in ("src", "tgt"):
-            value = getattr(self, side)
-            _check(isinstance(value, str) and value != "",
-                   f"{group}[{self.name}].{side} must be a file path, got {value!r}")
-        _check_lang(self.src_lang, f"{group}[{self.name}].src_lang")
-        _check_lang(self.tgt_lang, f"{group}[{self.name}].tgt_lang")
+        _check_entry(self, group)
+
+
+def _check_entry(entry: CorpusConfig | EvalSetConfig, group: str) -> None:
+    """What corpora and evaluation sets share: a name, two file paths, two languages."""
+    _check(isinstance(entry.name, str) and NAME.fullmatch(entry.name) is not None,
+           f"{group}: every entry needs a name (letters, digits, '_', '-', '.'), "
+           f"got {entry.name!r}")
+    for key in ("src", "tgt"):
+        value = getattr(entry, key)
+        _check(isinstance(value, str) and value != "",
+               f"{group}[{entry.name}].{key} must be a file path, got {value!r}")
+    for key in ("src_lang", "tgt_lang"):
+        _check_lang(getattr(entry, key), f"{group}[{entry.name}].{key}")
 
 
 def _entries(cls: type, values: Any, key: str) -> list[Any]:
