@@ -13,6 +13,7 @@ from conftest import assert_reported, run_command
 from transformer import checkpoint as ckpt
 from transformer.config import DataConfig, compose_config
 from transformer.data import load_data
+from transformer.errors import DataError
 from transformer.mixture import Mixture, shares
 from transformer.store import ParallelCorpus
 from transformer.tokenizer import EOS_ID, SpecialIds, Tokenizer
@@ -225,3 +226,26 @@ def test_the_multilingual_preset_names_three_pairs_under_data_root():
     assert [e.tgt_lang for e in cfg.data.evaluation_sets("test")] == ["de", "fr", "cs"]
     assert cfg.data.languages() == ["cs", "de", "en", "fr"]  # what Multi30k downloads
     assert cfg.optim.lr == 0.005 and cfg.trainer.max_updates == 8000  # the recipe's
+
+
+def test_a_changed_filter_makes_a_new_store_and_an_unchanged_one_is_reused(
+        corpus_files, tmp_path, multi30k_dir, multi30k_tokenizer_path, monkeypatch):
+    from transformer import data as data_module
+
+    def config(filters: str | dict) -> DataConfig:
+        return DataConfig(root=str(multi30k_dir), spm_model=str(multi30k_tokenizer_path),
+                          vocab_size=2000, corpora=[{"name": "web", "src": str(corpus_files["en"]),
+                                                     "tgt": str(corpus_files["de"]),
+                                                     "filters": filters}])
+
+    basic = load_data(config("basic"), tmp_path / "run").train.corpora[0].path
+    written = []
+    monkeypatch.setattr(data_module, "write_split_store",
+                        lambda directory, *args: written.append(directory))
+    again = load_data(config("basic"), tmp_path / "run")
+    assert again.train.corpora[0].path == basic and written == []  # reused
+    assert again.cleaning["web"]["read"] == 300  # the counts come from the store
+    with pytest.raises(DataError):  # the stub writes nothing: opening the new store fails
+        load_data(config({"preset": "basic", "max_ratio": 2.0}), tmp_path / "run")
+    assert len(written) == 1 and written[0] != basic
+    assert written[0].parent == basic.parent
