@@ -190,12 +190,12 @@ def test_files_config_end_to_end(tmp_path, multi30k_tokenizer_path, caplog):
     data = load_data(cfg, tmp_path / "run")
     # train: pairs 1, 3 (blank side) and 5 (empty target) dropped; pair 4 is too long
     assert data.cleaning["train"] == {"read": 6, "empty": 3, "copies": 0, "max_repeat": 0,
-                                      "langid": 0, "duplicates": 0, "max_ratio": 0,
-                                      "max_len": 1, "kept": 2}
+                                      "sentences": 0, "langid": 0, "duplicates": 0,
+                                      "max_ratio": 0, "max_len": 1, "kept": 2}
     table = (tmp_path / "run" / "cleaning.txt").read_text().splitlines()
-    assert table[0].split() == ["corpus", "read", "empty", "copies", "max_repeat", "langid",
-                                "duplicates", "max_ratio", "max_len", "kept"]
-    assert table[1].split() == ["train", "6", "3", "0", "0", "0", "0", "0", "1", "2"]
+    assert table[0].split() == ["corpus", "read", "empty", "copies", "max_repeat", "sentences",
+                                "langid", "duplicates", "max_ratio", "max_len", "kept"]
+    assert table[1].split() == ["train", "6", "3", "0", "0", "0", "0", "0", "0", "1", "2"]
     assert "filtered 1 pairs longer than data.max_len=20" in caplog.text
     assert data.train.corpora[0].lines.tolist() == [0, 2]
     # valid keeps every line, even the empty source, and restores the file order
