@@ -122,3 +122,52 @@ def test_page_shows_the_servers_message_for_bad_input(server):
             assert page.locator("canvas.heatmap").count() == 2
         finally:
             browser.close()
+
+
+def serving(checkpoint: Path, log: Path):
+    """scripts/serve.py serving `checkpoint` on a free port: (process, URL)."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(SCRIPT.parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+    with open(log, "w") as output:
+        process = subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--checkpoint", str(checkpoint), "--port",
+             str(port), "--threads", "1", "--device", "cpu"],
+            stdout=output, stderr=subprocess.STDOUT, env=env)
+    return process, f"http://127.0.0.1:{port}"
+
+
+def test_page_asks_a_multilingual_model_for_its_target_language(multi30k_lines, tmp_path):
+    """A model trained into de and fr: the page offers both, sends the chosen one, and
+    shows the translation into it and its attention."""
+    from test_target_lang import MULTILINGUAL, TAGS, save
+
+    from transformer.tokenizer import Tokenizer
+
+    texts = multi30k_lines("train.en.gz")[:1000] + multi30k_lines("train.de.gz")[:1000]
+    checkpoint = save(Tokenizer.train(texts, vocab_size=500, tags=TAGS), MULTILINGUAL,
+                      tmp_path / "multi.pt")
+    expected = Translator.load(checkpoint, device="cpu").translate([SENTENCE],
+                                                                   target_lang="fr")[0]
+    assert expected  # a random model's words, which the page must show
+    process, url = serving(checkpoint, tmp_path / "server.log")
+    try:
+        wait_until_up(process, url, tmp_path / "server.log")
+        with sync_playwright() as playwright:
+            browser = launch(playwright)
+            try:
+                page = browser.new_page()
+                page.goto(url)
+                page.wait_for_selector("#target-lang-label:not([hidden])", timeout=60_000)
+                assert page.locator("#target-lang option").all_inner_texts() == ["de", "fr"]
+                page.select_option("#target-lang", "fr")
+                page.fill("#source", SENTENCE)
+                page.click("#translate")
+                page.wait_for_selector("body[data-state=ready]", timeout=60_000)
+                assert page.inner_text("#translations li").endswith(expected)
+                assert "de, fr" in page.inner_text("#model-info")
+            finally:
+                browser.close()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -34,7 +34,13 @@ function setStatus(element, text, isError) {
 async function loadInfo() {
   const info = await (await fetch("/info")).json();
   state.info = info;
-  const langs = info.languages.source ? `${info.languages.source} → ${info.languages.target}` : "";
+  const targets = info.target_languages || [];
+  if (targets.length > 1) {  // a multilingual model: the page asks for one of its languages
+    $("target-lang").replaceChildren(...targets.map((lang) => new Option(lang, lang)));
+    $("target-lang-label").hidden = false;
+  }
+  const into = targets.length > 1 ? targets.join(", ") : info.languages.target;
+  const langs = info.languages.source ? `${info.languages.source} → ${into}` : "";
   const model = info.model
     ? `${info.model.num_encoder_layers}+${info.model.num_decoder_layers} layers, ` +
       `${info.model.num_heads} heads, ${(info.parameters / 1e6).toFixed(1)}M parameters`
@@ -45,13 +51,20 @@ async function loadInfo() {
   $("beam").max = info.limits.beam_size;
 }
 
+// The request's choices: the beam size and, for a multilingual model, the target language.
+function choices() {
+  const out = { beam_size: Number($("beam").value) };
+  if (!$("target-lang-label").hidden) out.target_lang = $("target-lang").value;
+  return out;
+}
+
 async function translate() {
   const lines = $("source").value.split("\n").map((l) => l.trim()).filter((l) => l);
   if (!lines.length) { setStatus($("status"), "type a sentence first", true); return; }
   setStatus($("status"), "translating…");
   document.body.dataset.state = "busy";
   try {
-    const data = await post("/translate", { text: lines, beam_size: Number($("beam").value) });
+    const data = await post("/translate", { text: lines, ...choices() });
     state.lines = lines;
     showTranslations(lines, data.translations);
     setStatus($("status"), "");
@@ -82,8 +95,7 @@ async function select(index) {
   const request = ++state.request;  // answers to older clicks are dropped
   setStatus($("attention-note"), "computing the attention…");
   try {
-    const report = await post("/attention", { text: state.lines[index],
-                                              beam_size: Number($("beam").value) });
+    const report = await post("/attention", { text: state.lines[index], ...choices() });
     if (request !== state.request) return;
     state.report = report;
     setStatus($("attention-note"), `“${report.text}” → “${report.translation}”`);
