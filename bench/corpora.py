@@ -93,12 +93,14 @@ def score(run_dir: Path, root: Path, langs: tuple[str, ...], multilingual: bool)
     if not avg.is_file():
         run(["transformer", "average-checkpoints", str(run_dir / "checkpoints"), "--last", "5",
              "-o", str(avg)])
+    source = run_dir / "test.en"  # transformer translate reads plain text
+    source.write_text("\n".join(read_gz(root / "test_2016_flickr.en.gz")) + "\n",
+                      encoding="utf-8")
     out = {}
     for lang in langs:
         hyp = run_dir / f"test.{lang}.hyp"
         command = ["transformer", "translate", "--checkpoint", str(avg),
-                   "--input", str(root / "test_2016_flickr.en.gz"), "--output", str(hyp),
-                   "--beam-size", "5"]
+                   "--input", str(source), "--output", str(hyp), "--beam-size", "5"]
         if multilingual:
             command += ["--target-lang", lang]
         run(command)
