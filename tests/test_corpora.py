@@ -249,3 +249,25 @@ def test_a_changed_filter_makes_a_new_store_and_an_unchanged_one_is_reused(
         load_data(config({"preset": "basic", "max_ratio": 2.0}), tmp_path / "run")
     assert len(written) == 1 and written[0] != basic
     assert written[0].parent == basic.parent
+
+
+def test_an_uncleaned_store_keeps_the_name_earlier_versions_gave_it(tmp_path,
+                                                                    multi30k_tokenizer_path):
+    """Runs prepared by earlier versions find their stores again: without filters, the name
+    is the hash of the same key (version, split, the files' paths, the tokenizers)."""
+    import hashlib
+
+    from transformer.cleaning import Filters
+    from transformer.data import SplitFiles, _cleaning_key, store_path
+    from transformer.tokenizer import TokenizerPair
+
+    tok = Tokenizer.load(multi30k_tokenizer_path)
+    files = SplitFiles(tmp_path / "a.en", tmp_path / "a.de")
+    key = "|".join(["v2", "train", str(files.src.resolve()), str(files.tgt.resolve()),
+                    tok.fingerprint, tok.fingerprint])
+    old = tmp_path / f"train-{hashlib.sha256(key.encode()).hexdigest()[:20]}"
+    corpus = DataConfig().training_corpora()[0]
+    assert _cleaning_key(Filters.parse("none", "f"), corpus) is None
+    assert store_path(files, "train", TokenizerPair(tok, tok), tmp_path) == old
+    cleaned = _cleaning_key(Filters.parse("basic", "f"), corpus)
+    assert store_path(files, "train", TokenizerPair(tok, tok), tmp_path, cleaned) != old
