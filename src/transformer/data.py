@@ -47,7 +47,7 @@ from .files import atomic_write
 from .mixture import Mixture, shares
 from .run_tokenizers import existing_tokenizers, train_tokenizers
 from .store import STORE_VERSION, ParallelCorpus, StoreWriter, read_meta
-from .text import iter_parallel, read_parallel
+from .text import iter_parallel, non_empty, read_parallel
 from .tokenizer import Tokenizer, TokenizerPair
 
 __all__ = ["SplitFiles", "corpus_files", "eval_set_files", "store_path", "write_split_store",
@@ -225,10 +225,9 @@ def write_split_store(directory: Path, files: SplitFiles, split: str,
                 if cleaner is not None:
                     _check_no_tags(src, lines, files.src, label, cleaning.tags)
                     _check_no_tags(tgt, lines, files.tgt, label, cleaning.tags)
-                    non_empty = np.array([bool(a.strip() and b.strip())
-                                          for a, b in zip(src, tgt, strict=True)], dtype=bool)
-                    empty += len(src) - int(non_empty.sum())
-                    src, tgt, lines = _keep(non_empty, src, tgt, lines)
+                    kept = np.array(non_empty(src, tgt), dtype=bool)
+                    empty += len(src) - int(kept.sum())
+                    src, tgt, lines = _keep(kept, src, tgt, lines)
                     src, tgt, lines = _keep(cleaner.text_mask(src, tgt), src, tgt, lines)
                 src_ids = tokenizers.src.encode_batch(src)
                 tgt_ids = tokenizers.tgt.encode_batch(tgt)

@@ -115,11 +115,13 @@ def evaluation_sets(training_config: TrainConfig | None, *, data: str = "valid",
         return [EvaluationSet(name or "given", text)]
     cfg = training_config.data
     entries = cfg.evaluation_sets(data) if data in ("valid", "test") else []
-    names = [e.name for e in entries if name is None or e.name == name] or [name]
-    by_name = {e.name: e for e in entries}
-    return [EvaluationSet(n, evaluation_text(training_config, data=data, data_root=data_root,
-                                             max_sentences=max_sentences, name=n),
-                          by_name[n].tgt_lang if cfg.lang_tags else None) for n in names]
+    chosen = [e for e in entries if name is None or e.name == name]
+    if not chosen:  # no such set: evaluation_text says so, naming the run's sets
+        evaluation_text(training_config, data=data, data_root=data_root, name=name)
+    return [EvaluationSet(e.name, evaluation_text(training_config, data=data,
+                                                  data_root=data_root,
+                                                  max_sentences=max_sentences, name=e.name),
+                          e.tgt_lang if cfg.lang_tags else None) for e in chosen]
 
 
 # ---- choosing checkpoints and length penalty on validation data ---------------------------

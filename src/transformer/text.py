@@ -18,14 +18,14 @@ import gzip
 import logging
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Union
 
 from .errors import DataError
 
-__all__ = ["iter_line_blocks", "read_lines", "iter_lines", "ParallelText",
+__all__ = ["iter_line_blocks", "read_lines", "iter_lines", "ParallelText", "non_empty",
            "iter_parallel", "read_parallel"]
 
 log = logging.getLogger(__name__)
@@ -184,10 +184,15 @@ def _first(text: ParallelText, n: int) -> ParallelText:
     return ParallelText(text.src[:n], text.tgt[:n], text.lines[:n])
 
 
+def non_empty(src: Sequence[str], tgt: Sequence[str]) -> list[bool]:
+    """For each pair, whether both sides have a non-space character (the one rule for a
+    pair with an empty side)."""
+    return [bool(s.strip() and t.strip()) for s, t in zip(src, tgt, strict=True)]
+
+
 def _non_empty(text: ParallelText) -> ParallelText:
     """The pairs of `text` whose two sides both have a non-space character."""
-    keep = [i for i, (s, t) in enumerate(zip(text.src, text.tgt, strict=True))
-            if s.strip() and t.strip()]
+    keep = [i for i, ok in enumerate(non_empty(text.src, text.tgt)) if ok]
     if len(keep) == len(text):
         return text
     return ParallelText([text.src[i] for i in keep], [text.tgt[i] for i in keep],
