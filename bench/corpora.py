@@ -39,9 +39,12 @@ LANGS = ("de", "fr", "cs")
 
 def recipe(updates: int) -> list[str]:
     """The overrides every arm shares: the recipe cut to `updates`, with a linear cooldown
-    over its last third, validated at the end of every epoch in the last 400 updates."""
+    over its last third in updates (`optim.cooldown_updates`, the schedule every arm here
+    trained with, not the recipe's share of the budget), validated at the end of every epoch
+    in the last 400 updates."""
     return [f"trainer.max_updates={updates}", "trainer.max_time=null",
-            f"optim.cooldown_updates={updates // 3}",
+            f"optim.cooldown_updates={updates // 3}", "optim.cooldown=0",
+            "optim.warmup_fraction=null", "trainer.validate_after_budget=0",
             f"trainer.validate_after_updates={max(0, updates - 400)}",
             f"trainer.validate_every_updates={max(1, updates // 3)}"]
 
@@ -111,15 +114,23 @@ def score(run_dir: Path, root: Path, langs: tuple[str, ...], multilingual: bool)
         result["off_target"] = off_target(hyps, lang)
         result["off_target_reference"] = off_target(refs, lang)  # py3langid's own error
         result["off_target_p50"] = off_target(hyps, lang, 0.5)  # as filters.langid: 0.5
+        if multilingual:  # among the model's own languages: which one it answered in
+            among = ("en", *langs)
+            result["off_target_among"] = off_target(hyps, lang, among=among)
+            result["off_target_among_reference"] = off_target(refs, lang, among=among)
         out[lang] = result
     return out
 
 
-def off_target(lines: list[str], lang: str, confidence: float = 0.0) -> float:
+def off_target(lines: list[str], lang: str, confidence: float = 0.0,
+               among: tuple[str, ...] | None = None) -> float:
     """Share of lines whose most likely language by py3langid (normalized probabilities)
-    is not `lang`, counting only verdicts of at least `confidence`."""
+    is not `lang`, counting only verdicts of at least `confidence`; with `among`, the
+    verdict is one of those languages only (py3langid's `set_languages`)."""
     from py3langid.langid import MODEL_FILE, LanguageIdentifier
     identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    if among:
+        identifier.set_languages(list(among))
     verdicts = [identifier.classify(line) for line in lines if line.strip()]
     wrong = sum(top != lang and p >= confidence for top, p in verdicts)
     return round(wrong / max(1, len(lines)), 4)

@@ -52,6 +52,18 @@ def multi30k_lines():
     return lambda name: _read_gz(MULTI30K_SLICE / name)
 
 
+@pytest.fixture(scope="session")
+def spm_model(multi30k_lines, tmp_path_factory) -> Path:
+    """A small joint SentencePiece model (vocab 500) of the slice, shared so that training
+    runs skip training one."""
+    from transformer.tokenizer import Tokenizer
+
+    texts = multi30k_lines("train.en.gz")[:2000] + multi30k_lines("train.de.gz")[:2000]
+    path = tmp_path_factory.mktemp("spm") / "spm500.model"
+    Tokenizer.train(texts, path, vocab_size=500)
+    return path
+
+
 def _has_full_corpus(root: Path) -> bool:
     from transformer.multi30k import SHA256
 
@@ -62,7 +74,7 @@ def _has_full_corpus(root: Path) -> bool:
 
 @pytest.fixture(scope="session")
 def full_multi30k() -> Path:
-    """The whole Multi30k (raw en/de/fr, and the tokenized val/test references)."""
+    """The whole Multi30k (en/de/fr: the raw files and the tokenized ones, tok/)."""
     from transformer.multi30k import DEFAULT_ROOT, download_multi30k
 
     candidates = [Path(os.environ["MULTI30K_DIR"])] if os.environ.get("MULTI30K_DIR") else []
@@ -72,6 +84,7 @@ def full_multi30k() -> Path:
             return root
     cache = Path(DEFAULT_ROOT).expanduser()
     try:
+        download_multi30k(cache, FULL_LANGS)
         download_multi30k(cache, FULL_LANGS, tokenized=True)
         return cache
     except (OSError, ValueError) as e:  # no network (DataError), a full disk (WriteError)

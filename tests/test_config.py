@@ -3,7 +3,7 @@ validation naming the key, presets."""
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import pytest
 from omegaconf import OmegaConf
@@ -21,19 +21,21 @@ from transformer.errors import ConfigError
 from transformer.model import Hyperparameters, ModelConfig
 
 
-def test_default_is_wu_et_als_recipe_with_a_time_limit_and_automatic_precision():
-    """The default recipe trains what multi30k_paper (Wu et al. as published) trains; it
-    differs only in precision (auto: bf16 where the hardware has it), a 90-minute
-    backstop and a sparse validation curve."""
+def test_default_is_wu_et_als_recipe_fitted_to_its_budget_with_automatic_precision():
+    """The default recipe trains what multi30k_paper (Wu et al. as published) trains, with
+    their schedule fitted to the budget: at their 8,000 updates the same 2,000 warmup
+    updates (a quarter), then a cooldown over the last 20%; precision auto (bf16 where the
+    hardware has it), a 90-minute limit and a sparse validation curve."""
     cfg, paper = compose_config(), compose_config(["experiment=multi30k_paper"])
     assert isinstance(cfg, TrainConfig) and cfg.data.name == "multi30k"
-    assert (cfg.model, cfg.optim, cfg.data, cfg.seed) == (
-        paper.model, paper.optim, paper.data, paper.seed)
+    assert (cfg.model, cfg.data, cfg.seed) == (paper.model, paper.data, paper.seed)
+    assert cfg.optim == replace(paper.optim, warmup_fraction=0.25, cooldown=0.2)
+    assert 0.25 * 8000 == paper.optim.warmup_updates
     t, p = cfg.trainer, paper.trainer
     assert (t.max_updates, t.keep_last, t.validate_every_epoch) == (
         p.max_updates, p.keep_last, p.validate_every_epoch) == (8000, 10, True)
     assert (t.precision, t.max_time) == ("auto", 5300)  # 90 minutes with data preparation
-    assert 0 < t.validate_every_updates < t.validate_after_updates < t.max_updates
+    assert 0 < t.validate_every_updates < t.max_updates and t.validate_after_budget == 0.9
 
 
 def test_paper_experiment_is_wu_et_al_as_published():
@@ -99,7 +101,7 @@ def test_model_schema_is_the_models_own_hyperparameters():
     ("optim.label_smoothing=1.0", "optim.label_smoothing"),
     ("optim.update_freq=0", "optim.update_freq"),
     ("optim.cooldown_updates=-1", "optim.cooldown_updates must be >= 0"),
-    ("optim.cooldown_updates=9000",
+    ("optim.cooldown=0 optim.cooldown_updates=9000",
      "optim.cooldown_updates=9000 needs trainer.max_updates >= it"),
     ("optim.name=sgd", "optim.name"),
     ("model.num_heads=3", "model.num_heads (3) must divide model.num_hiddens (128)"),

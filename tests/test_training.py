@@ -23,10 +23,11 @@ from transformer.config import compose_config
 from transformer.errors import ConfigError, TrainingError
 from transformer.loss import LabelSmoothedLoss
 from transformer.model import ModelConfig, Transformer
-from transformer.optimizer import build_optimizer, decayed_parameters, lr_lambda
+from transformer.optimizer import build_optimizer, decayed_parameters
 from transformer.plots import validation_curve
 from transformer.runtime import DistEnv, cpu_has_native_bf16, resolve_precision
-from transformer.tokenizer import PAD_ID, Tokenizer
+from transformer.schedule import lr_lambda
+from transformer.tokenizer import PAD_ID
 from transformer.training import Trainer, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
@@ -38,26 +39,19 @@ TRAIN_SCRIPT = str(REPO / "scripts/train.py")
 ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(scope="module")
-def spm_model(multi30k_lines, tmp_path_factory) -> Path:
-    """A small joint SentencePiece model (vocab 500), shared so runs skip training one."""
-    texts = multi30k_lines("train.en.gz")[:2000] + multi30k_lines("train.de.gz")[:2000]
-    path = tmp_path_factory.mktemp("spm") / "spm500.model"
-    Tokenizer.train(texts, path, vocab_size=500)
-    return path
-
-
 @pytest.fixture
 def small(multi30k_dir, spm_model) -> list[str]:
     """Overrides for a run of a few seconds: 300 pairs, a 2+2-layer d64 model, float32
     (tests compare sums of losses and gradients exactly; `auto` would pick bf16 on a CPU
-    that has it), and the recipe's schedule shortened to fit."""
+    that has it), and the recipe's schedule shortened to fit, not fitted to the budget
+    (test_schedule.py tests that)."""
     return [
         f"data.root={multi30k_dir}", f"data.spm_model={spm_model}", "data.vocab_size=500",
         "data.max_train_pairs=300", "data.max_tokens=1024",
         "model.num_hiddens=64", "model.ffn_num_hiddens=128", "model.num_encoder_layers=2",
         "model.num_decoder_layers=2", "model.dropout=0.3",
         "optim.lr=0.002", "optim.warmup_updates=10", "optim.cooldown_updates=0",
+        "optim.cooldown=0", "optim.warmup_fraction=null", "trainer.validate_after_budget=0",
         "trainer.bleu_max_sentences=16", "trainer.log_every_updates=1", "trainer.keep_last=2",
         "trainer.precision=fp32", "trainer.validate_every_updates=0",
         "trainer.validate_after_updates=0",
@@ -111,6 +105,8 @@ def test_smoke_experiment_learns_and_writes_the_run_directory(tmp_path, multi30k
     assert curve.bleu == tb["valid/bleu"] and curve.loss == tb["valid/loss"]
     assert len(curve.minutes) == 2 and 0 < curve.minutes[0] < curve.minutes[1]
     assert curve.updates == sorted(curve.updates) and curve.updates[-1] == 12
+    assert curve.target_tokens[-1] == pytest.approx(result.state.target_tokens)  # tokens axis
+    assert 0 < curve.target_tokens[0] < curve.target_tokens[1]
     png = tmp_path / "plot" / "bleu.png"
     assert plot_curves_command.main([str(tmp_path), "-o", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

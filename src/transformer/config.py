@@ -228,6 +228,9 @@ class DataConfig:
     test_src: str | None = None
     test_tgt: str | None = None
     base_url: str = multi30k.URL  # Multi30k download prefix: <base_url><stem>.<lang>.gz
+    tokenized: bool = False  # Multi30k's lowercased, Moses-tokenized files
+    #                          (ROOT/tok/*.lc.norm.tok.LANG), as published results trained
+    #                          and scored on
     vocab_size: int = 8000
     spm_model_type: str = "unigram"  # or "bpe"
     joint_vocab: bool = True  # one SentencePiece model for both sides
@@ -306,8 +309,8 @@ class DataConfig:
 
     def _split_paths(self, split: str) -> tuple[str | None, str | None]:
         if self.name == "multi30k":
-            return (str(multi30k.split_file(self.root, split, self.src_lang)),
-                    str(multi30k.split_file(self.root, split, self.tgt_lang)))
+            return (str(multi30k.split_file(self.root, split, self.src_lang, self.tokenized)),
+                    str(multi30k.split_file(self.root, split, self.tgt_lang, self.tokenized)))
         return getattr(self, f"{split}_src"), getattr(self, f"{split}_tgt")
 
     def target_languages(self) -> list[str]:
@@ -364,6 +367,11 @@ class DataConfig:
             )
         if not isinstance(self.joint_vocab, bool):
             raise ConfigError(f"data.joint_vocab must be true or false, got {self.joint_vocab!r}")
+        if not isinstance(self.tokenized, bool):
+            raise ConfigError(f"data.tokenized must be true or false, got {self.tokenized!r}")
+        if self.tokenized and self.name != "multi30k":
+            raise ConfigError(f"data.tokenized=true is for data.name=multi30k (its tok/ "
+                              f"files), got data.name={self.name!r}")
         if self.spm_model is not None and not self.joint_vocab:
             raise ConfigError("data.spm_model needs a joint vocabulary (data.joint_vocab=true)")
         file_keys = [f"{s}_{side}" for s in SPLITS for side in ("src", "tgt")]
@@ -402,6 +410,10 @@ class OptimConfig:
     weight_decay: float = 0.0
     schedule: str = "inverse_sqrt"  # inverse_sqrt | constant (both after linear warmup)
     warmup_updates: int = 4000
+    warmup_fraction: float | None = None  # the warmup takes at most this share of the
+    #                                       updates the budget allows (planned); null: none
+    cooldown: float = 0.0  # the last share of the budget (updates, tokens or time) decays
+    #                        linearly to 0 when it runs out; 0: none (schedule.py)
     cooldown_updates: int = 0  # last N of trainer.max_updates decay linearly to ~0; 0: none
     label_smoothing: float = 0.1
     clip_norm: float = 0.0  # max gradient norm; 0: no clipping (the norm is still logged)
@@ -425,6 +437,14 @@ class OptimConfig:
                f"optim.warmup_updates must be >= 0, got {self.warmup_updates}")
         _check(_is_int(self.cooldown_updates) and self.cooldown_updates >= 0,
                f"optim.cooldown_updates must be >= 0, got {self.cooldown_updates}")
+        _check(self.warmup_fraction is None or (_is_finite(self.warmup_fraction)
+                                                and 0 < self.warmup_fraction <= 1),
+               f"optim.warmup_fraction must be in (0, 1] or null, got {self.warmup_fraction}")
+        _check(_is_finite(self.cooldown) and 0 <= self.cooldown <= 1,
+               f"optim.cooldown must be a share of the budget in [0, 1], got {self.cooldown}")
+        _check(not (self.cooldown and self.cooldown_updates),
+               f"optim.cooldown={self.cooldown} and optim.cooldown_updates="
+               f"{self.cooldown_updates}: set one of them (the other to 0)")
         _check(0 <= self.label_smoothing < 1,
                f"optim.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         _check(_is_finite(self.clip_norm) and self.clip_norm >= 0,
@@ -447,10 +467,13 @@ class TrainerConfig:
     max_epochs: int | None = None  # the limits: training stops at the first one reached
     max_updates: int | None = None
     max_time: float | None = None  # seconds of training, summed over resumed runs
+    max_target_tokens: int | None = None  # target tokens trained on (all ranks), likewise
     validate_every_updates: int = 0  # also validate every N updates; 0: only after epochs
     validate_after_updates: int = 0  # no epoch-end validation (nor numbered checkpoints)
     #                                  before this many updates; epochs still write
     #                                  checkpoint_last.pt; 0: from the start
+    validate_after_budget: float = 0.0  # nor before this share of the budget is used
+    #                                     (the first limit: updates, tokens or time)
     validate_every_epoch: bool = True  # validate (and save numbered checkpoints) after each
     #                                    epoch; false for corpora whose epochs take hours
     save_every_updates: int = 0  # also write checkpoint_last.pt every N updates; 0: only at
@@ -476,7 +499,8 @@ class TrainerConfig:
                f"trainer.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         _check(self.precision in PRECISIONS,
                f"trainer.precision must be one of {PRECISIONS}, got {self.precision!r}")
-        for key in ("max_epochs", "max_updates", "bleu_max_sentences", "decode_max_tokens"):
+        for key in ("max_epochs", "max_updates", "max_target_tokens", "bleu_max_sentences",
+                    "decode_max_tokens"):
             value = getattr(self, key)
             _check(value is None or (_is_int(value) and value > 0),
                    f"trainer.{key} must be a positive integer or null, got {value!r}")
@@ -486,6 +510,9 @@ class TrainerConfig:
                     "num_samples", "save_every_updates", "prefetch_batches"):
             value = getattr(self, key)
             _check(_is_int(value) and value >= 0, f"trainer.{key} must be >= 0, got {value!r}")
+        _check(_is_finite(self.validate_after_budget) and 0 <= self.validate_after_budget < 1,
+               "trainer.validate_after_budget must be a share of the budget in [0, 1), got "
+               f"{self.validate_after_budget}")
         _check(isinstance(self.validate_every_epoch, bool),
                f"trainer.validate_every_epoch must be true or false, got "
                f"{self.validate_every_epoch!r}")
@@ -529,6 +556,14 @@ class TrainConfig:
         _check(cooldown == 0 or (max_updates is not None and cooldown <= max_updates),
                f"optim.cooldown_updates={cooldown} needs trainer.max_updates >= it (the "
                f"cooldown ends there), got trainer.max_updates={max_updates}")
+        t = self.trainer
+        budget = (t.max_updates, t.max_target_tokens, t.max_time)
+        for key, value in (("optim.cooldown", self.optim.cooldown),
+                           ("optim.warmup_fraction", self.optim.warmup_fraction),
+                           ("trainer.validate_after_budget", t.validate_after_budget)):
+            _check(not value or any(limit is not None for limit in budget),
+                   f"{key}={value} is a share of the budget, but the run has none: set "
+                   "trainer.max_updates, trainer.max_target_tokens or trainer.max_time")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values only (stored in checkpoints)."""

@@ -91,10 +91,12 @@ def _checked(cfg: DataConfig, group: str, entry: CorpusConfig | EvalSetConfig) -
 
 
 def _download(cfg: DataConfig) -> None:
-    """Multi30k's files of every language the run names, when missing from `data.root`."""
+    """Multi30k's files of every language the run names, when missing from `data.root`
+    (with `data.tokenized`, the tokenized ones it reads instead of the raw ones)."""
     if cfg.name == "multi30k":
         langs = [lang for lang in cfg.languages() if lang in multi30k.LANGS]
-        multi30k.download_multi30k(cfg.root, langs, base_url=cfg.base_url)
+        multi30k.download_multi30k(cfg.root, langs, base_url=cfg.base_url,
+                                   tokenized=cfg.tokenized)
 
 
 def corpus_files(cfg: DataConfig) -> list[tuple[CorpusConfig, SplitFiles]]:

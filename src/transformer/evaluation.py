@@ -62,7 +62,8 @@ def _run_split(cfg: DataConfig, split: str, data_root: PathLike | None,
         entry = dataclasses.replace(cfg, root=str(root)).evaluation_sets(split)[0]
         if Path(entry.src).is_file() and Path(entry.tgt).is_file():
             return Path(entry.src), Path(entry.tgt)
-    multi30k.download_multi30k(roots[-1], (cfg.src_lang, cfg.tgt_lang), base_url=cfg.base_url)
+    multi30k.download_multi30k(roots[-1], (cfg.src_lang, cfg.tgt_lang), base_url=cfg.base_url,
+                               tokenized=cfg.tokenized)
     entry = dataclasses.replace(cfg, root=str(roots[-1])).evaluation_sets(split)[0]
     return Path(entry.src), Path(entry.tgt)
 

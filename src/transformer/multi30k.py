@@ -1,10 +1,11 @@
 """The Multi30k dataset (Elliott et al., 2016): file names, download and checksums.
 
 The files are those of the public repository `multi30k/dataset` (data/task1/): `raw/` holds
-the cased, untokenized sentences we train and score on; `tok/` the dataset's lowercased,
-Moses-tokenized validation and test references that published results are scored against
-(`translator.paper_protocol`). Every download is checked against the SHA-256 below before it
-becomes visible under its name, so a file that exists is trusted.
+the cased, untokenized sentences we train and score on by default; `tok/` the dataset's
+lowercased, punctuation-normalized, Moses-tokenized ones (`*.lc.norm.tok.LANG`), which
+published results train on (`data.tokenized`) and are scored against (`--paper-protocol`).
+Every download is checked against the SHA-256 below before it becomes visible under its name,
+so a file that exists is trusted.
 """
 
 from __future__ import annotations
@@ -59,29 +60,43 @@ SHA256 = {
     "tok/val.lc.norm.tok.de": "97232bd273eceb7207f689527386a97e4be2616b18ada47576bdaf96c8ae1f00",
     "tok/val.lc.norm.tok.en": "46573ce391ae227f1c72f873392436a20ef18e0a6d518098cfbd70b77c8572ec",
     "tok/val.lc.norm.tok.fr": "b303e301aa21fe7822a846b2b3fb2d5a1121ec807cd5b1d006fb7b2b5507168a",
+    "tok/train.lc.norm.tok.cs":
+        "7645fb91efa18f94c83d493f740a5d5a941e4b01efa6a124bf2d4af040e133e0",
+    "tok/train.lc.norm.tok.de":
+        "cb5a23529b65ec2061f1dc446192a9c37382b63cc75f81a0be59d34894b3a505",
+    "tok/train.lc.norm.tok.en":
+        "08925f8e0572bcd5a006702fc5fe20e2d77c6917d4eebd576fc20de6693c2119",
+    "tok/train.lc.norm.tok.fr":
+        "8fa41bb718412bcb7c5dfa58603842810a01543eae86a51279f9886b901266e1",
 }
 
 
-def split_file(root: PathLike, split: str, lang: str) -> Path:
-    """The raw file of `split` ("train", "valid", "test") in `lang`, e.g. ROOT/val.en.gz."""
-    return Path(root).expanduser() / f"{STEMS[split]}.{lang}.gz"
+def split_file(root: PathLike, split: str, lang: str, tokenized: bool = False) -> Path:
+    """The file of `split` ("train", "valid", "test") in `lang`: the raw one, e.g.
+    ROOT/val.en.gz, or with `tokenized` the dataset's lowercased, Moses-tokenized one, e.g.
+    ROOT/tok/val.lc.norm.tok.en."""
+    return Path(root).expanduser() / _name(STEMS[split], lang, tokenized)
+
+
+def _name(stem: str, lang: str, tokenized: bool) -> str:
+    """A file's name under the root, as `SHA256` keys it."""
+    return f"tok/{stem}.lc.norm.tok.{lang}" if tokenized else f"{stem}.{lang}.gz"
 
 
 def download_multi30k(root: PathLike, langs: Sequence[str] = ("en", "de"), *,
-                      base_url: str = URL, tokenized: bool = False) -> None:
-    """Download the train/val/test_2016_flickr files of `langs` missing from `root`; with
-    `tokenized`, also the dataset's tokenized val/test references into `root/tok/`."""
+                      base_url: str = URL, tokenized: bool = False,
+                      tok_url: str = TOK_URL) -> None:
+    """Download the train/val/test_2016_flickr files of `langs` missing from `root`: the raw
+    ones from `base_url`, or with `tokenized` the dataset's lowercased, Moses-tokenized ones
+    (what a run with `data.tokenized` trains and validates on, and the references of
+    `--paper-protocol`) from `tok_url` into `root/tok/`."""
     root = Path(root).expanduser()
-    names = [f"{stem}.{lang}.gz" for stem in STEMS.values() for lang in langs]
-    urls = [base_url.rstrip("/") + "/" + name for name in names]
-    if tokenized:
-        tok = [f"tok/{stem}.lc.norm.tok.{lang}" for stem in ("val", "test_2016_flickr")
-               for lang in langs]
-        names += tok
-        urls += [TOK_URL + name.removeprefix("tok/") for name in tok]
-    for name, url in zip(names, urls, strict=True):
-        if not (root / name).is_file():
-            download_file(url, root / name, SHA256[name])
+    url = (tok_url if tokenized else base_url).rstrip("/") + "/"
+    for stem in STEMS.values():
+        for lang in langs:
+            name = _name(stem, lang, tokenized)
+            if not (root / name).is_file():
+                download_file(url + name.removeprefix("tok/"), root / name, SHA256[name])
 
 
 def download_file(url: str, dest: PathLike, sha256: str, *, timeout: float = 60.0) -> None:

@@ -69,6 +69,7 @@ class ValidationCurve:
     minutes: list[float]  # training time so far (wall clock, validations and resumes included)
     bleu: list[float]  # greedy validation BLEU
     loss: list[float]  # label-smoothed validation loss per token
+    target_tokens: list[float] | None = None  # target tokens so far (None: not logged)
 
 
 def validation_curve(run_dir: PathLike) -> ValidationCurve:
@@ -78,27 +79,34 @@ def validation_curve(run_dir: PathLike) -> ValidationCurve:
     if not steps:
         raise DataError(f"{run_dir}: no validation with valid/bleu, valid/loss and "
                         "valid/train_time")
+    tokens = read_scalars(run_dir, "valid/target_tokens")  # runs of older versions lack it
     return ValidationCurve(steps, [tags["train_time"][s] / 60 for s in steps],
-                           [tags["bleu"][s] for s in steps], [tags["loss"][s] for s in steps])
+                           [tags["bleu"][s] for s in steps], [tags["loss"][s] for s in steps],
+                           [tokens[s] for s in steps] if set(steps) <= set(tokens) else None)
 
 
 def plot_validation_curves(runs: Sequence[PathLike], output: PathLike,
                            labels: Sequence[str] | None = None,
                            title: str = "Validation (greedy BLEU, loss)") -> None:
-    """One line per run in four panels: validation BLEU and loss, against training minutes
-    (the same time budget) and against updates (the same amount of training)."""
+    """One line per run in six panels: validation BLEU and loss against training minutes
+    (the same time budget), against target tokens (the same amount of training, on any
+    machine) and against updates."""
     labels = list(labels) if labels else [Path(r).name for r in runs]
     if len(labels) != len(runs):
         raise DataError(f"{len(runs)} runs but {len(labels)} labels")
-    fig = new_figure(11, 7.5, layout="tight")
-    axes = fig.subplots(2, 2)
+    fig = new_figure(15, 7.5, layout="tight")
+    axes = fig.subplots(2, 3)
     for run, label in zip(runs, labels, strict=True):
         curve = validation_curve(run)
+        millions = [t / 1e6 for t in curve.target_tokens] if curve.target_tokens else None
         for row, values in enumerate((curve.bleu, curve.loss)):
             axes[row, 0].plot(curve.minutes, values, marker=".", label=label)
-            axes[row, 1].plot(curve.updates, values, marker=".", label=label)
+            if millions is not None:
+                axes[row, 1].plot(millions, values, marker=".", label=label)
+            axes[row, 2].plot(curve.updates, values, marker=".", label=label)
     for row, name in enumerate(("validation BLEU", "validation loss")):
-        for col, x in enumerate(("training time (minutes)", "updates")):
+        for col, x in enumerate(("training time (minutes)", "target tokens (millions)",
+                                 "updates")):
             ax = axes[row, col]
             ax.set_xlabel(x)
             ax.set_ylabel(name)

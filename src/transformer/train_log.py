@@ -162,7 +162,7 @@ class TrainLog:
 
     def validation(self, step: int, epoch: int, metrics: ValidationMetrics, best_bleu: float,
                    improved: bool, bad_validations: int, train_time: float,
-                   samples: Sequence[tuple[str, str, str]] = (),
+                   target_tokens: int = 0, samples: Sequence[tuple[str, str, str]] = (),
                    figure: Figure | None = None) -> None:
         """The validation's log line and, on rank 0, its scalars, the encoder-decoder
         attention figure and (source, reference, hypothesis) samples."""
@@ -181,8 +181,10 @@ class TrainLog:
             self.writer.add_scalar(f"valid/{key}", getattr(metrics, key), step)
             for name, one in metrics.sets.items():
                 self.writer.add_scalar(f"valid_{name}/{key}", getattr(one, key), step)
-        # Training time so far (resumes included), for BLEU-vs-time plots.
+        # Training time and target tokens so far (resumes included), for BLEU-vs-time and
+        # BLEU-vs-tokens plots.
         self.writer.add_scalar("valid/train_time", train_time, step)
+        self.writer.add_scalar("valid/target_tokens", target_tokens, step)
         if figure is not None:
             self.writer.add_figure("valid/encoder_decoder_attention", figure, step)
         if samples:

@@ -9,8 +9,9 @@ GPUs only change the batch size. The loss is `loss.LabelSmoothedLoss` (the outpu
 fused into the label-smoothed cross-entropy); validation uses `loss.evaluate_loss` and decodes
 with `search.search_corpus`, the same functions the head tools and the Translator use.
 The device, the process group, the precision and CUDA's switches come from `runtime`
-(`resolve_device` rejects a device this machine lacks before any work), the optimizer and its
-schedule from `optimizer` (PyTorch's Adam and `LambdaLR`). Everything else is PyTorch's own
+(`resolve_device` rejects a device this machine lacks before any work), the optimizer from
+`optimizer` (PyTorch's Adam), the learning rate of each update from `schedule` (fitted to the
+run's budget: updates, target tokens or time). Everything else is PyTorch's own
 too: `torch.amp`, `clip_grad_norm_`, DDP with `no_sync()` while accumulating.
 
 The run directory holds `config.yaml` (resolved), `spm.model`, `checkpoints/`, TensorBoard
@@ -53,7 +54,7 @@ from .errors import CheckpointError, TrainingError, WriteError
 from .files import atomic_write
 from .loss import LabelSmoothedLoss, evaluate_loss
 from .model import ModelConfig, Transformer, eval_mode
-from .optimizer import build_optimizer, build_scheduler
+from .optimizer import build_optimizer
 from .runtime import (
     DistEnv,
     configure_cuda,
@@ -62,6 +63,7 @@ from .runtime import (
     resolve_device,
     resolve_precision,
 )
+from .schedule import Schedule
 from .search import search_corpus
 from .store import Batch
 from .train_log import TrainLog, ValidationMetrics, setup_logging
@@ -127,6 +129,7 @@ class _Agreement:
     """What all ranks agree on before an update (one all-reduce)."""
 
     tokens: float  # target tokens of this update, over all ranks
+    seconds: float  # training time so far (the ranks' mean: one schedule for all)
     stop: str | None  # "signal" or "max_time" if any rank must stop, else None
 
 
@@ -158,7 +161,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # the same initial model on every rank
         self.model = self._build_model(init, load_weights=resume is None).to(self.device)
         self.optimizer = build_optimizer(self.model, cfg)
-        self.scheduler = build_scheduler(self.optimizer, cfg)
+        self.schedule = Schedule(cfg)
+        self.progress = 0.0  # the share of the budget used, as of the last update
         self.scaler = (torch.amp.GradScaler(self.device.type)
                        if self.precision.dtype == torch.float16 else None)
         self.state = TrainState()
@@ -166,6 +170,9 @@ class Trainer:
         if resume is not None:
             self._restore(*resume)
         self.clock = TrainClock(self.state.train_time)
+        self.progress = self.schedule.budget.progress(self.state.num_updates,
+                                                      self.state.target_tokens,
+                                                      self.state.train_time)
         self.loss = LabelSmoothedLoss(self.model, cfg.optim.label_smoothing)
         self.ddp = (DistributedDataParallel(self.loss, broadcast_buffers=False,
                                             device_ids=[self.device.index]
@@ -244,12 +251,8 @@ class Trainer:
         except ValueError as e:  # other parameter groups (another optim.weight_decay)
             raise CheckpointError(f"{path}: its optimizer state does not fit this run's "
                                   f"optimizer ({e})") from e
-        self.scheduler.load_state_dict(state["scheduler"])
-        # The next update's lr follows this run's schedule, which may differ from the saved
-        # one after the resume point (e.g. a cooldown added or moved with trainer.max_updates).
-        for group, base_lr, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
-                                          self.scheduler.lr_lambdas, strict=True):
-            group["lr"] = base_lr * factor(self.scheduler.last_epoch)
+        if state.get("schedule"):  # the plan (older checkpoints: planned again)
+            self.schedule.load_state_dict(state["schedule"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.state = TrainState(**state["train_state"])
@@ -317,6 +320,8 @@ class Trainer:
             for batches in prefetched(self._collate_group, groups, t.prefetch_batches):
                 if t.max_updates is not None and s.num_updates >= t.max_updates:
                     return "max_updates"
+                if t.max_target_tokens is not None and s.target_tokens >= t.max_target_tokens:
+                    return "max_target_tokens"
                 reason = self.train_step(batches)
                 if reason is not None:
                     return reason
@@ -334,7 +339,8 @@ class Trainer:
         if not t.validate_every_epoch:
             self.save()  # the epoch boundary, for resuming
             return None
-        if s.num_updates < t.validate_after_updates:
+        if (s.num_updates < t.validate_after_updates
+                or self.progress < t.validate_after_budget):
             self.save()  # for resuming; numbered checkpoints come with the late epochs
             return None
         return "patience" if self.validate_and_save().early_stop else None
@@ -350,6 +356,11 @@ class Trainer:
         agreed = self._agree_before_update(sum(b.num_tgt_tokens for b in batches))
         if agreed.stop is not None:
             return agreed.stop
+        s = self.state  # where the run is: the plan, then this update's lr
+        self.schedule.observe(s.num_updates, s.target_tokens, agreed.seconds)
+        self.progress = self.schedule.budget.progress(s.num_updates, s.target_tokens,
+                                                      agreed.seconds)
+        self.schedule.set_lr(self.optimizer, s.num_updates, self.progress)
         self.model.train()
         scale = self.env.world_size / agreed.tokens  # DDP averages gradients over ranks
         loss_sum = torch.zeros((), device=self.device)
@@ -380,17 +391,18 @@ class Trainer:
 
     def _agree_before_update(self, local_tokens: int) -> _Agreement:
         """Total target tokens of this update over all ranks, and a stop reason if any rank
-        got a signal or the time is up (all ranks decide alike)."""
-        max_time = self.cfg.trainer.max_time
-        votes = {"tokens": float(local_tokens),
+        got a signal or the time is up (all ranks decide alike), and the training time."""
+        max_time, seconds = self.cfg.trainer.max_time, self.clock.elapsed()
+        votes = {"tokens": float(local_tokens), "seconds": seconds,
                  "signal": float(self.stop_requested is not None),
-                 "max_time": float(max_time is not None and self.clock.elapsed() >= max_time)}
+                 "max_time": float(max_time is not None and seconds >= max_time)}
         if self.env.distributed:
             t = torch.tensor(list(votes.values()), dtype=torch.float64, device=self.device)
             dist.all_reduce(t)
             votes = dict(zip(votes, t.tolist(), strict=True))
+            votes["seconds"] /= self.env.world_size
         stop = "signal" if votes["signal"] else "max_time" if votes["max_time"] else None
-        return _Agreement(votes["tokens"], stop)
+        return _Agreement(votes["tokens"], votes["seconds"], stop)
 
     def _reduce_stats(self, loss_sum: Tensor, gnorm: Tensor) -> tuple[float, float]:
         """(loss summed over all ranks' tokens, gradient norm) as Python floats."""
@@ -402,7 +414,8 @@ class Trainer:
         return loss, norm
 
     def _apply_update(self, loss: float, gnorm: float, tokens: float) -> None:
-        """Step the optimizer and schedule, or skip the update if anything is non-finite."""
+        """Step the optimizer (its lr set by the schedule), or skip the update if anything is
+        non-finite."""
         s, finite = self.state, math.isfinite(loss) and math.isfinite(gnorm)
         lr = self.optimizer.param_groups[0]["lr"]  # this update's learning rate
         if self.scaler is not None:
@@ -415,7 +428,6 @@ class Trainer:
             s.num_updates += 1
             s.target_tokens += int(tokens)
             s.bad_in_row = 0
-            self.scheduler.step()
             self.losses.append(loss)
             self.log.update(s.num_updates, s.epoch, loss, gnorm, tokens, lr,
                             every=self.cfg.trainer.log_every_updates)
@@ -453,7 +465,7 @@ class Trainer:
         s.last_validation = s.num_updates
         self.save(best=improved, numbered=True)
         self.log.validation(s.num_updates, s.trained_epoch, metrics, s.best_bleu, improved,
-                            s.bad_validations, self.clock.elapsed(),
+                            s.bad_validations, self.clock.elapsed(), s.target_tokens,
                             report.samples if report is not None else (),
                             report.figure if report is not None else None)
         self._last_valid = metrics
@@ -494,7 +506,9 @@ class Trainer:
         hyps = self._translate_valid(corpus)
         refs = corpus.tgt_text[:len(hyps)]
         return ValidationMetrics(losses.loss, losses.nll,
-                                 sacrebleu.corpus_bleu(hyps, [refs]).score,
+                                 sacrebleu.corpus_bleu(  # tokenized data: scored as is
+                                     hyps, [refs], tokenize="none" if self.cfg.data.tokenized
+                                     else "13a").score,
                                  sacrebleu.corpus_chrf(hyps, [refs]).score,
                                  time.perf_counter() - start), hyps
 
@@ -522,7 +536,7 @@ class Trainer:
             **ckpt.inference_checkpoint(self.model, self.data.tokenizers,
                                         training_config=self.cfg),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            "schedule": self.schedule.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "train_state": asdict(self.state),
             "rng": rngs,

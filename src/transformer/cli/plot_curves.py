@@ -1,5 +1,5 @@
-"""Plot validation BLEU and loss against training time and updates from runs' TensorBoard
-logs.
+"""Plot validation BLEU and loss against training time, target tokens and updates from runs'
+TensorBoard logs.
 
     transformer plot-curves RUN_DIR [RUN_DIR ...] [--labels A B ...] -o docs/bleu.png
 

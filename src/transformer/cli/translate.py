@@ -21,8 +21,10 @@ takes its own language or none.
 `--output` appears only once complete (written atomically). With
 `--nbest K`: K lines per input line, `LINE_NUMBER<TAB>SCORE<TAB>TRANSLATION`, best first.
 With `--reference`: BLEU and chrF with their signatures on stderr, as the sacrebleu CLI
-prints them. With `--paper-protocol`: BLEU as published Multi30k results compute it
-(lowercased, Moses-normalized and -tokenized, `--tokenize none`).
+prints them (BLEU with `--tokenize none` for a model trained on Multi30k's tokenized files,
+`data.tokenized`, whose translations are tokenized text). With `--paper-protocol`: BLEU as
+published Multi30k results compute it (lowercased, Moses-normalized and -tokenized,
+`--tokenize none`).
 
 Modes: `--sampling-topk/--sampling-topp/--temperature` draw each translation at random
 (back-translation; `--seed` makes it repeatable) instead of beam search. `--prefix FILE`:
@@ -54,6 +56,7 @@ from ..decoding import DecodingRequest
 from ..errors import ConfigError, DataError
 from ..files import atomic_write
 from ..text import iter_lines, read_lines
+from ..translator import BaseTranslator
 from . import report_errors
 from .options import (
     add_decoding_options,
@@ -140,7 +143,11 @@ def run(args: argparse.Namespace) -> None:
             keep=references is not None or paper_refs is not None, on_progress=bar.update,
             max_tokens=args.max_tokens, prefixes=prefixes)
     if references is not None:
-        for line in bleu_report(hypotheses, references):
+        tokenize = _bleu_tokenize(translator)
+        if tokenize == "none":
+            print("scored with --tokenize none: the model was trained on tokenized text "
+                  "(data.tokenized)", file=sys.stderr)
+        for line in bleu_report(hypotheses, references, tokenize=tokenize):
             print(line, file=sys.stderr)
     if paper_refs is not None:
         print(f"paper protocol (lowercased, punctuation-normalized, Moses-tokenized, {lang}):",
@@ -189,6 +196,15 @@ def _describe(request: DecodingRequest, stored: DecodingSettings,
     into = f", into {request.target_lang}" if request.target_lang else ""
     return (f"{search}, alpha {request.alpha:g}{origin('alpha')}, max length "
             f"{request.max_len_a:g} * source + {request.max_len_b}{into}")
+
+
+def _bleu_tokenize(translator: BaseTranslator) -> str:
+    """sacrebleu's tokenizer for `--reference`: "none" for a model trained on Multi30k's
+    tokenized files (`data.tokenized`: its translations are lowercased tokenized text, scored
+    as published results score them), else 13a (also where the model does not record its
+    training config, e.g. an imported one)."""
+    config = translator.training_config
+    return "none" if config is not None and config.data.tokenized else "13a"
 
 
 def _paper_lang(args: argparse.Namespace) -> str:

@@ -1,0 +1,136 @@
+"""The recipe at a budget: the schedule fitted to the budget against the schedule cut by it.
+
+Every arm trains the Multi30k recipe (`transformer train`) for the same budget of target
+tokens (`trainer.max_target_tokens`: the same amount of training on every machine), then
+translates test_2016_flickr (beam 5, alpha 1.0) with the average of its last 5 numbered
+checkpoints (every epoch in the last 10% of the budget is validated and numbered, in every
+arm) and with its last checkpoint; cased sacreBLEU, chrF and the paper protocol (Wu et al.'s
+scoring: lowercased, Moses-tokenized, `--tokenize none` against the dataset's tok reference).
+
+Arms (`--arms`, one training at a time):
+- `cut`: the recipe's schedule as it was before it knew its budget (2,000 warmup updates,
+  then inverse sqrt, no cooldown: `optim.warmup_fraction=null optim.cooldown=0`), cut where
+  the budget ends;
+- `recipe`: the recipe as it is (the warmup at most a quarter of the planned updates, the
+  cooldown over the last 20% of the budget);
+- `linear`: warmup, then linear decay to zero over the whole budget
+  (`optim.schedule=constant optim.cooldown=1.0`);
+- `recipe_4k`: the recipe with batches of 4,096 tokens and dropout 0.1 (twice the updates).
+
+    python bench/budget.py --root ../shared/data/multi30k --out runs/budget \\
+        --tokens 5500000 --arms cut recipe
+
+A finished arm is scored again without training. Results: OUT/results.json and a table;
+`transformer plot-curves OUT/cut OUT/recipe -o curves.png` draws their validation curves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import sacrebleu
+
+HERE = Path(__file__).resolve().parent
+ARMS = {
+    "cut": ["optim.warmup_fraction=null", "optim.cooldown=0"],
+    "recipe": [],
+    "linear": ["optim.schedule=constant", "optim.cooldown=1.0"],
+    "recipe_4k": ["data.max_tokens=4096", "model.dropout=0.1"],
+}
+
+
+def budget(tokens: int, validate_every: int) -> list[str]:
+    """The overrides every arm shares: the token budget alone, validations through it
+    (a curve) and at every epoch of its last 10% (the checkpoints averaged)."""
+    return [f"trainer.max_target_tokens={tokens}", "trainer.max_updates=null",
+            "trainer.max_time=null", f"trainer.validate_every_updates={validate_every}",
+            "trainer.validate_after_updates=0", "trainer.validate_after_budget=0.9"]
+
+
+def run(command: list[str], log: Path | None = None) -> None:
+    print("+", " ".join(command), flush=True)
+    with open(log, "a") if log else open("/dev/null", "w") as out:
+        subprocess.run(command, check=True, stdout=out if log else None,
+                       stderr=subprocess.STDOUT if log else None)
+
+
+def read_gz(path: Path) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return f.read().split("\n")[:-1]
+
+
+def stopped(run_dir: Path) -> str | None:
+    """The train.log line of a finished run ("stopped (max_target_tokens) ..."), or None."""
+    log = run_dir / "train.log"
+    lines = log.read_text().splitlines() if log.is_file() else []
+    return next((line for line in reversed(lines) if "stopped (max_target_tokens)" in line),
+                None)
+
+
+def score(run_dir: Path, root: Path) -> dict:
+    """Test BLEU (cased, paper protocol) and chrF of the last-5 average and the last
+    checkpoint."""
+    from transformer.cli.reports import paper_protocol
+
+    source = run_dir / "test.en"
+    source.write_text("\n".join(read_gz(root / "test_2016_flickr.en.gz")) + "\n",
+                      encoding="utf-8")
+    refs = read_gz(root / "test_2016_flickr.de.gz")
+    tok_refs = (root / "tok/test_2016_flickr.lc.norm.tok.de").read_text(
+        encoding="utf-8").split("\n")[:-1]
+    avg = run_dir / "avg5.pt"
+    if not avg.is_file():
+        run(["transformer", "average-checkpoints", str(run_dir / "checkpoints"), "--last", "5",
+             "-o", str(avg)])
+    out = {}
+    for name, checkpoint in (("avg5", avg), ("last", run_dir / "checkpoints/checkpoint_last.pt")):
+        hyp = run_dir / f"test.{name}.de"
+        run(["transformer", "translate", "--checkpoint", str(checkpoint), "--input",
+             str(source), "--output", str(hyp), "--beam-size", "5"])
+        hyps = hyp.read_text(encoding="utf-8").split("\n")[:-1]
+        paper = sacrebleu.corpus_bleu(paper_protocol(hyps, "de"), [tok_refs], tokenize="none",
+                                      force=True)
+        out[name] = {"bleu": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2),
+                     "chrf": round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2),
+                     "paper": round(paper.score, 2)}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=HERE.parent.parent / "shared/data/multi30k")
+    parser.add_argument("--out", type=Path, default=Path("runs/budget"))
+    parser.add_argument("--tokens", type=int, default=5_500_000,
+                        help="the budget in target tokens (20M and 61M: the recipe's 30 and "
+                             "90 minutes on a CPU with native bf16)")
+    parser.add_argument("--validate-every", type=int, default=100)
+    parser.add_argument("--arms", nargs="+", default=["cut", "recipe"], choices=list(ARMS))
+    args = parser.parse_args()
+    root, out = args.root.resolve(), args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    for arm in args.arms:
+        run_dir = out / arm
+        if stopped(run_dir) is None:
+            start = time.time()
+            run(["transformer", "train", f"hydra.run.dir={run_dir}", f"data.root={root}",
+                 *budget(args.tokens, args.validate_every), *ARMS[arm]], out / f"{arm}.log")
+            print(f"{arm}: trained in {time.time() - start:.0f} s", flush=True)
+        results[arm] = {"tokens": args.tokens, "overrides": ARMS[arm],
+                        "stopped": stopped(run_dir), "test": score(run_dir, root)}
+        results_path.write_text(json.dumps(results, indent=1))
+        print(arm, json.dumps(results[arm]["test"]), flush=True)
+    print("\narm         checkpoint   BLEU  paper   chrF")
+    for arm, result in results.items():
+        for name, r in result["test"].items():
+            print(f"{arm:<11} {name:<10} {r['bleu']:>6.2f} {r['paper']:>6.2f} {r['chrf']:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""The learning-rate schedule of a run, fitted to its budget.
+
+    schedule = Schedule(cfg)                             # optim.* and the trainer's limits
+    # before each update, where the run is (updates and tokens done, seconds so far):
+    schedule.observe(num_updates, target_tokens, seconds)   # the plan, at its points
+    lr = schedule.set_lr(optimizer, num_updates, progress)  # this update's lr
+
+A run's **budget** is the first of its limits to run out: `trainer.max_updates`,
+`trainer.max_target_tokens` or `trainer.max_time` (`Budget`). Its **progress** is the share
+of the budget used so far, on the budget's own axis: updates, target tokens or seconds
+(`Budget.progress`, the largest of the three shares). The learning rate is `optim.lr` times
+a factor of the update number and the progress:
+
+1. warmup: linear from 0 to 1 over W updates; W = `optim.warmup_updates`, and with
+   `optim.warmup_fraction` at most that share of the updates the run is expected to make;
+2. then `optim.schedule`: `constant`, or `inverse_sqrt` (1 at the end of warmup);
+3. cooldown (`optim.cooldown` > 0, a share of the budget): over the last share, the factor
+   is multiplied by (1 - progress) / cooldown, so it falls linearly to 0 exactly when the
+   budget runs out. `optim.cooldown: 1.0` with `constant` is linear decay to zero over the
+   whole run (Li et al., "Budgeted Training", 2020); 0.2 with either is a warmup-stable-decay
+   schedule (Hägele et al., 2024).
+
+The cooldown is measured on the budget's axis, not in updates, so when a time-limited run
+speeds up or slows down it still ends at the limit, at a learning rate near zero. What needs
+an update count (the warmup's length, and the log's forecast of where the run will end) comes
+from the **plan** (`Plan`): the updates the budget allows at the speed measured so far,
+measured after a few updates and again every `REPLAN_EVERY` updates. The plan is saved in
+checkpoints, so a resumed run keeps its warmup.
+
+`optim.cooldown_updates` (a fixed number of updates before `trainer.max_updates`, holding the
+factor the schedule had there) is the older form of a cooldown, kept as it was
+(`lr_lambda`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .config import TrainConfig
+
+__all__ = ["Budget", "Plan", "Schedule", "lr_lambda", "PLAN_AFTER", "REPLAN_EVERY"]
+
+log = logging.getLogger(__name__)
+
+PLAN_AFTER = 10  # updates measured before the first plan of a token or time budget
+SPEED_FROM = 2  # a process's first update (allocation, compilation) is left out of the speed
+REPLAN_EVERY = 50  # updates between two measurements of the speed
+
+
+def lr_lambda(schedule: str, warmup_updates: int, max_updates: int | None = None,
+              cooldown_updates: int = 0) -> Callable[[int], float]:
+    """Factor of the peak lr for the update after `num_updates` updates: linear warmup to 1,
+    then constant or 1/sqrt(update) decay (1 at the end of warmup); with `cooldown_updates`,
+    the last that many of `max_updates` decay linearly from there to ~0."""
+    warmup = max(1, warmup_updates)
+    if cooldown_updates and max_updates is None:
+        raise ValueError("a cooldown needs max_updates")
+
+    def base(step: int) -> float:
+        if step < warmup:
+            return step / warmup
+        return 1.0 if schedule == "constant" else math.sqrt(warmup / step)
+
+    def factor(num_updates: int) -> float:
+        step = num_updates + 1  # 1-based number of the update about to be made
+        if cooldown_updates:
+            start = max_updates - cooldown_updates  # last update at the full schedule
+            if step > start:
+                return base(max(start, 1)) * (max_updates + 1 - step) / (cooldown_updates + 1)
+        return base(step)
+
+    return factor
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A run's limits that a schedule can be fitted to (None: not limited by it)."""
+
+    max_updates: int | None = None
+    max_target_tokens: int | None = None
+    max_time: float | None = None  # seconds of training, resumed runs included
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> Budget:
+        t = cfg.trainer
+        return cls(t.max_updates, t.max_target_tokens, t.max_time)
+
+    @property
+    def limited(self) -> bool:
+        return any(v is not None for v in asdict(self).values())
+
+    @property
+    def updates_only(self) -> bool:
+        """Limited by updates alone: the plan is known before the first update."""
+        return self == Budget(max_updates=self.max_updates) and self.max_updates is not None
+
+    def progress(self, num_updates: int, target_tokens: float, seconds: float) -> float:
+        """The share of the budget used: the largest share of any limit (0 without one)."""
+        shares = [used / limit for used, limit in ((num_updates, self.max_updates),
+                                                   (target_tokens, self.max_target_tokens),
+                                                   (seconds, self.max_time))
+                  if limit is not None]
+        return max(shares, default=0.0)
+
+    def updates_left(self, num_updates: int, target_tokens: float, seconds: float,
+                     tokens_per_update: float | None,
+                     seconds_per_update: float | None) -> float | None:
+        """How many more updates the budget allows at the given speed (None: unknown, or
+        no limit)."""
+        left = []
+        if self.max_updates is not None:
+            left.append(self.max_updates - num_updates)
+        if self.max_target_tokens is not None and tokens_per_update:
+            left.append((self.max_target_tokens - target_tokens) / tokens_per_update)
+        if self.max_time is not None and seconds_per_update:
+            left.append((self.max_time - seconds) / seconds_per_update)
+        return max(0.0, min(left)) if left else None
+
+    def describe(self) -> str:
+        parts = []
+        if self.max_updates is not None:
+            parts.append(f"{self.max_updates:,} updates")
+        if self.max_target_tokens is not None:
+            parts.append(f"{self.max_target_tokens:,} target tokens")
+        if self.max_time is not None:
+            parts.append(f"{self.max_time:,.0f} s")
+        return " or ".join(parts) if parts else "none"
+
+
+@dataclass
+class Plan:
+    """What the schedule expects of the run (saved in checkpoints)."""
+
+    warmup_updates: int  # the warmup's length (planned while the run is inside it)
+    planned_updates: int | None = None  # the updates the budget allows, as last measured
+
+
+@dataclass
+class _Mark:
+    """The point of the run the time per update is measured from."""
+
+    num_updates: int
+    seconds: float
+
+
+class Schedule:
+    """The factor of the peak learning rate at every update, and the plan behind it."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.optim, self.budget = cfg.optim, Budget.of(cfg)
+        self.peak = cfg.optim.lr
+        self.plan = Plan(cfg.optim.warmup_updates)
+        self._mark: _Mark | None = None
+        self._observed = 0  # updates observed by this process (a resumed run starts again)
+        if self.budget.updates_only:
+            self._replan(0, self.budget.max_updates)
+
+    # -- the factor --
+
+    def factor(self, num_updates: int, progress: float) -> float:
+        """The factor of `optim.lr` for the update after `num_updates`, at `progress`."""
+        o = self.optim
+        base = lr_lambda(o.schedule, self.plan.warmup_updates, self.budget.max_updates,
+                         o.cooldown_updates)(num_updates)
+        if o.cooldown:
+            base *= min(1.0, max(0.0, 1.0 - progress) / o.cooldown)
+        return base
+
+    def set_lr(self, optimizer: torch.optim.Optimizer, num_updates: int,
+               progress: float) -> float:
+        """Set every parameter group's lr for the next update; returns it."""
+        lr = self.peak * self.factor(num_updates, progress)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    # -- the plan --
+
+    def observe(self, num_updates: int, target_tokens: float, seconds: float) -> None:
+        """Before an update, `num_updates` done: at the plan's points (update `PLAN_AFTER`,
+        then every `REPLAN_EVERY`), forecast the updates the budget allows at the speed
+        measured since the previous point. Target tokens per update are averaged over the
+        whole run (a token budget plans alike when resumed); seconds per update over the
+        last interval (the speed of the machine now)."""
+        if self.budget.updates_only or not self.budget.limited:
+            return  # known from the start, or nothing to plan for
+        self._observed += 1
+        if self._observed == SPEED_FROM:
+            self._mark = _Mark(num_updates, seconds)
+        if num_updates == 0 or (num_updates != PLAN_AFTER and num_updates % REPLAN_EVERY):
+            return
+        per_second = None
+        if self._mark is not None and num_updates > self._mark.num_updates:
+            per_second = (seconds - self._mark.seconds) / (num_updates - self._mark.num_updates)
+            self._mark = _Mark(num_updates, seconds)
+        left = self.budget.updates_left(num_updates, target_tokens, seconds,
+                                        target_tokens / max(num_updates, 1), per_second)
+        if left is not None and (per_second is not None or self.budget.max_time is None):
+            self._replan(num_updates, num_updates + round(left))
+
+    def _replan(self, num_updates: int, planned: int) -> None:
+        """Record a new forecast; choose the warmup on the first one, and again while
+        the run is still inside it (never shorter than what it has done)."""
+        old = self.plan.planned_updates
+        self.plan.planned_updates = planned
+        fraction = self.optim.warmup_fraction
+        if fraction is not None and num_updates < self.plan.warmup_updates:
+            warmup = min(self.optim.warmup_updates, round(fraction * planned))
+            self.plan.warmup_updates = max(warmup, num_updates + 1)
+        if old is None or abs(planned - old) > 0.05 * old:
+            log.info("plan: budget %s; %s updates expected%s; warmup %s updates%s",
+                     self.budget.describe(), f"{planned:,}",
+                     f" (at update {num_updates:,})" if num_updates else "",
+                     f"{self.plan.warmup_updates:,}",
+                     f"; cooldown over the last {self.optim.cooldown:.0%} of the budget"
+                     if self.optim.cooldown else "")
+
+    def state_dict(self) -> dict:
+        return asdict(self.plan)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.plan = Plan(**state)
