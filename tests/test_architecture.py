@@ -30,7 +30,7 @@ LAYERS = [
     {"checkpoint", "run_tokenizers", "optimizer", "schedule", "decoding"},
     {"data", "search", "loss", "attention_maps", "alignment", "vocab_map"},
     {"translator"},
-    {"heads", "evaluation", "export", "hf", "serve"},
+    {"heads", "evaluation", "export", "hf", "serve", "workflows"},
     {"training", "engines"},
     {"cli"},  # the commands: a subpackage, one module per command
     {"__main__"},

@@ -19,7 +19,7 @@ import pytest
 from transformer import checkpoint as ckpt
 from transformer.data import SplitFiles, write_split_store
 from transformer.errors import WriteError
-from transformer.files import atomic_write
+from transformer.files import append_synced, atomic_write
 from transformer.store import ParallelCorpus
 from transformer.tokenizer import Tokenizer, TokenizerPair
 
@@ -65,6 +65,15 @@ def test_atomic_write_replaces_whole_or_not_at_all(tmp_path):
     with atomic_write(path, text=True) as f:
         f.write("new\n")
     assert path.read_text() == "new\n"
+
+
+def test_append_synced_returns_the_size_on_disk_and_names_the_file_it_cannot_grow(tmp_path):
+    path = tmp_path / "out.partial"
+    assert append_synced(path, b"one\n") == 4
+    assert append_synced(path, b"two\n") == 8 and path.read_bytes() == b"one\ntwo\n"
+    with pytest.raises(WriteError) as info, file_size_limit(1000):
+        append_synced(path, b"x" * 5000)
+    assert str(info.value) == f"could not write {path}: File too large"
 
 
 def test_full_disk_while_saving_the_tokenizer_and_the_corpus_store(tmp_path, multi30k_lines):

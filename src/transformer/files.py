@@ -5,7 +5,9 @@
 
 On any failure (a full disk, a file-size limit, an exception in the block) the temporary
 file is removed and `path` keeps its previous contents. `atomic_directory` does the same for
-a directory of files (an export). A failed write raises `WriteError`,
+a directory of files (an export). `append_synced` grows a file that a resumable job
+writes piece by piece, each piece on disk before the job records it. A failed write raises
+`WriteError`,
 an `OSError` whose one-line message names the file and the reason, so entry points can print
 it without a traceback.
 """
@@ -22,7 +24,7 @@ from typing import IO, Any, Union
 
 from .errors import WriteError
 
-__all__ = ["atomic_write", "atomic_directory"]
+__all__ = ["atomic_write", "atomic_directory", "append_synced"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -111,3 +113,19 @@ def atomic_directory(path: PathLike) -> Iterator[Path]:
         raise _failed(path, e) from e
     finally:
         shutil.rmtree(build, ignore_errors=True)  # a no-op after the rename
+
+
+def append_synced(path: PathLike, data: bytes) -> int:
+    """Append `data` to `path` (created if missing) and fsync it; returns the file's size,
+    all of it on disk: what a resumable job may record as done. A failed write raises
+    `WriteError` naming the file (a piece written in part stays: the job's record says
+    where the complete ones end)."""
+    path = Path(path)
+    try:
+        with open(path, "ab") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            return f.tell()
+    except OSError as e:
+        raise _failed(path, e) from e

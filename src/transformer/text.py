@@ -3,6 +3,8 @@
 - `iter_line_blocks`: a UTF-8 file (plain or `.gz`) -> its lines, streamed in blocks;
   `read_lines`: the same, as one list;
 - `iter_lines`: a byte stream (standard input) -> its lines, one at a time;
+- `count_lines`: a file's lines, counted without decoding them; `check_aligned`: two files'
+  line counts, checked equal before any work reads them;
 - `iter_parallel`: a source and a target file -> checked, aligned pairs in chunks (a corpus of
   any size); `read_parallel`: the same, as one `ParallelText`.
 
@@ -25,8 +27,8 @@ from typing import BinaryIO, Union
 
 from .errors import DataError
 
-__all__ = ["iter_line_blocks", "read_lines", "iter_lines", "ParallelText", "non_empty",
-           "iter_parallel", "read_parallel"]
+__all__ = ["iter_line_blocks", "read_lines", "iter_lines", "count_lines", "check_aligned",
+           "ParallelText", "non_empty", "iter_parallel", "read_parallel"]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,32 @@ def read_lines(path: PathLike) -> list[str]:
     return [line for block in iter_line_blocks(path) for line in block]
 
 
+def count_lines(path: PathLike) -> int:
+    """The lines of a file (plain or `.gz`), as `iter_line_blocks` reads them (a last line
+    without "\\n" included), counted in blocks without decoding: cheap enough to check a
+    file before the work that reads it."""
+    count, last = 0, b"\n"
+    for block in _raw_blocks(Path(path)):
+        count += block.count(b"\n")
+        last = block[-1:]
+    return count + (last != b"\n")
+
+
+def check_aligned(src_path: PathLike, tgt_path: PathLike, *, split: str) -> int:
+    """The line count of two files that must be line-aligned (`count_lines`), checked before
+    any work reads them: when they differ, the `DataError` `iter_parallel` raises."""
+    src_count, tgt_count = count_lines(src_path), count_lines(tgt_path)
+    if src_count != tgt_count:
+        raise _misaligned(split, src_path, src_count, tgt_path, tgt_count)
+    return src_count
+
+
+def _misaligned(split: str, src_path: PathLike, src_count: int, tgt_path: PathLike,
+                tgt_count: int) -> DataError:
+    return DataError(f"{split}: {src_path} has {src_count} lines but {tgt_path} has "
+                     f"{tgt_count} lines; source and target files must be line-aligned")
+
+
 def iter_lines(stream: BinaryIO, name: str) -> Iterator[str]:
     """The lines of a UTF-8 byte stream, read lazily; `name` is used in errors."""
     for number, raw in enumerate(stream, 1):
@@ -167,9 +195,7 @@ def iter_parallel(src_path: PathLike, tgt_path: PathLike, *, split: str,
         src_count = line + len(src) + sum(map(len, src_blocks))
         tgt_count = line + len(tgt) + sum(map(len, tgt_blocks))
         if src_count != tgt_count:
-            raise DataError(
-                f"{split}: {src_path} has {src_count} lines but {tgt_path} has {tgt_count} "
-                "lines; source and target files must be line-aligned")
+            raise _misaligned(split, src_path, src_count, tgt_path, tgt_count)
     if drop_empty:
         limit = "" if max_pairs is None or kept < max_pairs else f", kept the first {kept:,}"
         log.info("%s: %d pairs read in %s / %s; dropped %d with an empty or whitespace-only "

@@ -32,7 +32,7 @@ __all__ = ["COMMANDS", "main", "command_module", "report_errors", "hydra_command
 
 COMMANDS = ("train", "prepare-data", "translate", "tune-decoding", "average-checkpoints",
             "export", "import-hf", "serve", "attention-maps", "head-importance",
-            "prune-heads", "plot-curves")
+            "prune-heads", "plot-curves", "backtranslate", "distill")
 
 
 def command_module(name: str) -> ModuleType:

@@ -1,8 +1,9 @@
 """Options that several commands share, declared once: the model to load (`--checkpoint`,
 `--engine`, `--device`, `--threads`), `--max-tokens`, the decoding options (the fields of
 `decoding.DecodingRequest`, spelled as options: `nbest` is `--nbest`, `target_lang`
-`--target-lang`), and the evaluation data of the commands that score a model (`--data`,
-`--src`, `--ref`, ...).
+`--target-lang`; `describe_decoding` says what a request does), and the evaluation data of
+the commands that score a model (`--data`, `--src`, `--ref`, ...); the checks several
+commands make of their options (`check_counts`, `check_outputs`).
 
     add_model_options(parser)                      # then: load_model(args)
     add_decoding_options(parser)                   # then: decoding_request(args, translator)
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import DecodingSettings
 from ..decoding import OPTIONS, DecodingRequest, option_name
 from ..engines import ENGINES, load_translator
 from ..errors import ConfigError
@@ -25,9 +27,10 @@ from ..search import DEFAULT_MAX_TOKENS
 from ..text import ParallelText
 from ..translator import BaseTranslator, Translator
 
-__all__ = ["add_model_options", "add_device_options", "add_max_tokens", "check_counts",
-           "load_model", "add_decoding_options", "decoding_request", "add_evaluation_options",
-           "Evaluation", "load_for_evaluation"]
+__all__ = ["add_model_options", "add_device_options", "add_max_tokens", "add_chunk_lines",
+           "check_counts", "check_outputs", "load_model", "add_decoding_options",
+           "decoding_request", "describe_decoding", "add_evaluation_options", "Evaluation",
+           "load_for_evaluation"]
 
 
 
@@ -63,6 +66,13 @@ def add_max_tokens(parser: argparse.ArgumentParser,
                         help="source tokens per batch (padding included, before the beam)")
 
 
+def add_chunk_lines(parser: argparse.ArgumentParser) -> None:
+    """`--chunk-lines`: input lines read and translated at a time (memory stays bounded)."""
+    parser.add_argument("--chunk-lines", type=int, default=10_000,
+                        help="input lines read, sorted and translated at a time (default "
+                             "10,000)")
+
+
 MAX_COUNT = 2 ** 31 - 1  # threads, tokens or lines at a time: beyond any machine
 
 
@@ -75,21 +85,43 @@ def check_counts(args: argparse.Namespace, *names: str) -> None:
             raise ConfigError(f"{option_name(name)} must be in [1, {MAX_COUNT}], got {value}")
 
 
+def check_outputs(args: argparse.Namespace, inputs: Sequence[str],
+                  outputs: Sequence[str]) -> None:
+    """The files of the options `outputs` (e.g. "output") are not those of `inputs` nor of
+    each other (where given): `ConfigError` naming both options, before the command
+    overwrites what it reads."""
+    seen: dict[Path, str] = {}
+    for name in (*inputs, *outputs):
+        path = getattr(args, name)
+        if path is None:
+            continue
+        other = seen.setdefault(Path(path).resolve(), name)
+        if other != name:
+            raise ConfigError(f"{option_name(name)} and {option_name(other)} name the same "
+                              f"file, {path}")
+
+
 def load_model(args: argparse.Namespace) -> BaseTranslator:
     """The translator `add_model_options`' options name (`engines.load_translator`)."""
     return load_translator(args.checkpoint, getattr(args, "engine", "torch"),
                            device=args.device, threads=args.threads)
 
 
-def add_decoding_options(parser: argparse.ArgumentParser, *, modes: bool = True) -> None:
-    """The decoding request's options: the search (`--beam-size`, `--nbest`, `--alpha`,
-    `--max-len-a`, `--max-len-b`, each left out: the checkpoint's chosen value, else the
-    default), the language to translate into (`--target-lang`), and with `modes` sampling
-    and alignments."""
+def add_decoding_options(parser: argparse.ArgumentParser, *, nbest: bool = True,
+                         sampling: bool = True, alignments: bool = True,
+                         seed: int = 0) -> None:
+    """The decoding request's options: the search (`--beam-size`, with `nbest` `--nbest`,
+    `--alpha`, `--max-len-a`, `--max-len-b`, each left out: the checkpoint's chosen value,
+    else the default), the language to translate into (`--target-lang`), and with
+    `sampling` and `alignments` those modes' options. A command leaves out what it cannot
+    write (`decoding_request` takes the default of an option the parser lacks). `seed`: the
+    default `--seed`'s help names (a command whose default is not the request's 0 fills it
+    in itself)."""
     p = parser
     p.add_argument("--beam-size", type=int,
                    help="default: the checkpoint's chosen beam size, else 5")
-    p.add_argument("--nbest", type=int, default=1, help="translations per input line")
+    if nbest:
+        p.add_argument("--nbest", type=int, default=1, help="translations per input line")
     p.add_argument("--alpha", type=float,
                    help="length-penalty exponent (GNMT); 0 ranks by plain log-prob (default: "
                         "the checkpoint's chosen alpha, else 1.0)")
@@ -100,16 +132,17 @@ def add_decoding_options(parser: argparse.ArgumentParser, *, modes: bool = True)
                    help="the language to translate into, e.g. de: required by a multilingual "
                         "model (one of those it was trained for); a bilingual one takes its "
                         "own (default: the model's only target language)")
-    if not modes:
+    if sampling:
+        drawn = p.add_argument_group("sampling (instead of beam search)")
+        drawn.add_argument("--sampling-topk", type=int, metavar="K",
+                           help="draw from the K most likely tokens (0: all; 1: greedy)")
+        drawn.add_argument("--sampling-topp", type=float, metavar="P",
+                           help="draw from the most likely tokens that make up probability P")
+        drawn.add_argument("--temperature", type=float, metavar="T",
+                           help="divide the logits by T before drawing (default 1)")
+        drawn.add_argument("--seed", type=int, help=f"seed of the draws (default {seed})")
+    if not alignments:
         return
-    sampling = p.add_argument_group("sampling (instead of beam search)")
-    sampling.add_argument("--sampling-topk", type=int, metavar="K",
-                          help="draw from the K most likely tokens (0: all; 1: greedy)")
-    sampling.add_argument("--sampling-topp", type=float, metavar="P",
-                          help="draw from the most likely tokens that make up probability P")
-    sampling.add_argument("--temperature", type=float, metavar="T",
-                          help="divide the logits by T before drawing (default 1)")
-    sampling.add_argument("--seed", type=int, help="seed of the draws (default 0)")
     aligned = p.add_argument_group("alignments")
     aligned.add_argument("--alignment", action="store_true",
                          help="add each translation's word alignment (i-j pairs) after a tab")
@@ -126,6 +159,25 @@ def decoding_request(args: argparse.Namespace, translator: BaseTranslator) -> De
     `--nbest`)."""
     options = {name: getattr(args, name) for name in OPTIONS if hasattr(args, name)}
     return translator.request(DecodingRequest.from_options(translator.decoding, **options))
+
+
+def describe_decoding(request: DecodingRequest, stored: DecodingSettings,
+                      args: argparse.Namespace) -> str:
+    """How `request` decodes, for a command's first stderr line: e.g. "beam 5, alpha 2.5
+    (from the checkpoint), max length 1.5 * source + 10", and "into de" where a target
+    language is named (`stored`: the checkpoint's defaults; `args`: the options given)."""
+    def origin(name: str) -> str:
+        given = getattr(args, name) is not None
+        chosen = getattr(stored, name) != getattr(DecodingSettings(), name)
+        return "" if given or not chosen else " (from the checkpoint)"
+
+    sampling = request.sampling
+    search = (f"beam {request.beam_size}{origin('beam_size')}" if sampling is None else
+              f"sampling (top-k {sampling.topk or 'all'}, top-p {sampling.topp:g}, "
+              f"temperature {sampling.temperature:g}, seed {sampling.seed})")
+    into = f", into {request.target_lang}" if request.target_lang else ""
+    return (f"{search}, alpha {request.alpha:g}{origin('alpha')}, max length "
+            f"{request.max_len_a:g} * source + {request.max_len_b}{into}")
 
 
 def add_evaluation_options(parser: argparse.ArgumentParser,

@@ -1,14 +1,20 @@
 """What `transformer translate` writes and reports: translations of a stream chunk by
 chunk in input order (`translate_lines`), n-best lines (`format_nbest`), scores of given
 translations (`score_lines`), sacrebleu's reports as its command line prints them
-(`bleu_report`) and Multi30k's paper protocol (`paper_protocol`). Any engine
-(`translator.BaseTranslator`) works with them."""
+(`bleu_report`) and Multi30k's paper protocol (`paper_protocol`); the progress bar of the
+commands that translate files (`progress_bar`). Any engine (`translator.BaseTranslator`)
+works with them."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TextIO
+
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..alignment import format_alignment
 from ..decoding import DecodingRequest
@@ -17,7 +23,17 @@ from ..search import DEFAULT_MAX_TOKENS
 from ..translator import BaseTranslator, Translation
 
 __all__ = ["format_nbest", "format_output", "translate_lines", "score_lines", "bleu_report",
-           "paper_protocol"]
+           "paper_protocol", "progress_bar"]
+
+
+@contextlib.contextmanager
+def progress_bar(total: int | None, *, initial: int = 0, unit: str = "sent",
+                 disable: bool = False) -> Iterator[tqdm]:
+    """A tqdm bar on stderr (items per second; `update(n)` as they are done), with log
+    lines printed above it rather than through it."""
+    with tqdm(total=total, initial=initial, unit=unit, disable=disable, file=sys.stderr,
+              dynamic_ncols=True) as bar, logging_redirect_tqdm():
+        yield bar
 
 
 def format_nbest(line_number: int, translations: Sequence[Translation]) -> list[str]:

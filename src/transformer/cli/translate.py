@@ -48,25 +48,22 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
-
-from ..config import DecodingSettings
-from ..decoding import DecodingRequest
 from ..errors import ConfigError, DataError
 from ..files import atomic_write
-from ..text import iter_lines, read_lines
+from ..text import count_lines, iter_lines, read_lines
 from ..translator import BaseTranslator
 from . import report_errors
 from .options import (
+    add_chunk_lines,
     add_decoding_options,
     add_max_tokens,
     add_model_options,
     check_counts,
     decoding_request,
+    describe_decoding,
     load_model,
 )
-from .reports import bleu_report, paper_protocol, score_lines, translate_lines
+from .reports import bleu_report, paper_protocol, progress_bar, score_lines, translate_lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,8 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=Path, help="output file (default: standard output)")
     add_decoding_options(p)
     add_max_tokens(p)
-    p.add_argument("--chunk-lines", type=int, default=10_000,
-                   help="input lines read, sorted and translated at a time")
+    add_chunk_lines(p)
     p.add_argument("--reference", type=Path, help="score the translations against this file")
     p.add_argument("--paper-protocol", type=Path, metavar="TOKENIZED_REFERENCE",
                    help="also score as published Multi30k results do: lowercase, normalize "
@@ -95,16 +91,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _count_lines(path: Path) -> int:
-    """Lines of a file, a last line without "\\n" included, read in blocks."""
-    count, last = 0, b"\n"
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            count += block.count(b"\n")
-            last = block[-1:]
-    return count + (last != b"\n")
-
-
 def run(args: argparse.Namespace) -> None:
     _check_modes(args)
     if args.score:
@@ -113,7 +99,7 @@ def run(args: argparse.Namespace) -> None:
     prefixes = read_lines(args.prefix) if args.prefix else None
     paper_refs = read_lines(args.paper_protocol) if args.paper_protocol else None
     interactive = args.input is None and sys.stdin.isatty()
-    total = _count_lines(args.input) if args.input else None
+    total = count_lines(args.input) if args.input else None
     for path, refs in ((args.reference, references), (args.paper_protocol, paper_refs),
                        (args.prefix, prefixes)):
         if refs is not None and total is not None and total != len(refs):
@@ -126,7 +112,7 @@ def run(args: argparse.Namespace) -> None:
     translator = load_model(args)
     request = decoding_request(args, translator)
     mapped = translator.vocab_map  # CTranslate2 exports may have one
-    print(f"decoding: {_describe(request, translator.decoding, args)}"
+    print(f"decoding: {describe_decoding(request, translator.decoding, args)}"
           + (f", over the candidates of a vocabulary map ({mapped['source_pieces']:,} source "
              f"pieces)" if mapped else ""), file=sys.stderr)
     with contextlib.ExitStack() as stack:
@@ -134,9 +120,7 @@ def run(args: argparse.Namespace) -> None:
                   else sys.stdin.buffer)
         out = (stack.enter_context(atomic_write(args.output, text=True)) if args.output
                else sys.stdout)
-        bar = stack.enter_context(tqdm(total=total, unit="sent", disable=interactive,
-                                       file=sys.stderr, dynamic_ncols=True))
-        stack.enter_context(logging_redirect_tqdm())
+        bar = stack.enter_context(progress_bar(total, disable=interactive))
         hypotheses = translate_lines(
             translator, iter_lines(source, str(args.input or "<stdin>")), out, request,
             chunk_lines=1 if interactive else args.chunk_lines, flush=interactive,
@@ -173,29 +157,10 @@ def run_score(args: argparse.Namespace) -> None:
     with contextlib.ExitStack() as stack:
         out = (stack.enter_context(atomic_write(args.output, text=True)) if args.output
                else sys.stdout)
-        bar = stack.enter_context(tqdm(total=len(sources), unit="pair", file=sys.stderr,
-                                       dynamic_ncols=True))
+        bar = stack.enter_context(progress_bar(len(sources), unit="pair"))
         score_lines(translator, sources, targets, out, alpha=alpha,
                     chunk_lines=args.chunk_lines, max_tokens=args.max_tokens,
                     target_lang=request.target_lang, on_progress=bar.update)
-
-
-def _describe(request: DecodingRequest, stored: DecodingSettings,
-              args: argparse.Namespace) -> str:
-    """E.g. "beam 5, alpha 2.5 (from the checkpoint), max length 1.5 * source + 10", and
-    "into de" where a target language is named."""
-    def origin(name: str) -> str:
-        given = getattr(args, name) is not None
-        chosen = getattr(stored, name) != getattr(DecodingSettings(), name)
-        return "" if given or not chosen else " (from the checkpoint)"
-
-    sampling = request.sampling
-    search = (f"beam {request.beam_size}{origin('beam_size')}" if sampling is None else
-              f"sampling (top-k {sampling.topk or 'all'}, top-p {sampling.topp:g}, "
-              f"temperature {sampling.temperature:g}, seed {sampling.seed})")
-    into = f", into {request.target_lang}" if request.target_lang else ""
-    return (f"{search}, alpha {request.alpha:g}{origin('alpha')}, max length "
-            f"{request.max_len_a:g} * source + {request.max_len_b}{into}")
 
 
 def _bleu_tokenize(translator: BaseTranslator) -> str:
