@@ -80,8 +80,24 @@ def run(command: list[str], log: Path | None = None) -> None:
 
 
 def finished(run_dir: Path, updates: int) -> bool:
+    """Whether RUN/train.log says the run stopped after `updates` updates (its line is
+    written with checkpoints/checkpoint_last.pt at that update)."""
     log = run_dir / "train.log"
     return log.is_file() and f"after {updates} updates" in log.read_text()
+
+
+def train(run_dir: Path, root: Path, updates: int, overrides: list[str],
+          log: Path) -> float | None:
+    """Train one arm (the recipe cut to `updates`, then `overrides`) into `run_dir` unless
+    it is finished -> the seconds it took, or None when it was finished already."""
+    if finished(run_dir, updates):
+        return None
+    start = time.time()
+    run(["transformer", "train", f"hydra.run.dir={run_dir}", f"data.root={root}",
+         *recipe(updates), *overrides], log)
+    seconds = time.time() - start
+    print(f"{run_dir.name}: trained in {seconds:.0f} s", flush=True)
+    return seconds
 
 
 def read_gz(path: Path) -> list[str]:
@@ -89,28 +105,48 @@ def read_gz(path: Path) -> list[str]:
         return f.read().split("\n")[:-1]
 
 
-def score(run_dir: Path, root: Path, langs: tuple[str, ...], multilingual: bool) -> dict:
-    """Average the last 5 checkpoints; translate the test set into each language; BLEU,
-    chrF and (multilingual) the share of outputs py3langid puts in another language."""
+def average(run_dir: Path) -> Path:
+    """RUN/avg5.pt, the average of the run's last 5 numbered checkpoints (made once)."""
     avg = run_dir / "avg5.pt"
     if not avg.is_file():
         run(["transformer", "average-checkpoints", str(run_dir / "checkpoints"), "--last", "5",
              "-o", str(avg)])
-    source = run_dir / "test.en"  # transformer translate reads plain text
-    source.write_text("\n".join(read_gz(root / "test_2016_flickr.en.gz")) + "\n",
+    return avg
+
+
+def test_source(root: Path, folder: Path, lang: str = "en") -> Path:
+    """FOLDER/test.LANG: test_2016_flickr's LANG side as plain text (`transformer
+    translate --input`)."""
+    source = folder / f"test.{lang}"
+    source.write_text("\n".join(read_gz(root / f"test_2016_flickr.{lang}.gz")) + "\n",
                       encoding="utf-8")
+    return source
+
+
+def translate(checkpoint: Path, source: Path, hyp: Path, *options: str) -> list[str]:
+    """`transformer translate` of `source` into `hyp` with `options` -> the translations."""
+    run(["transformer", "translate", "--checkpoint", str(checkpoint), "--input", str(source),
+         "--output", str(hyp), *options])
+    return hyp.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def bleu_chrf(hyps: list[str], refs: list[str]) -> dict:
+    """Cased sacreBLEU and chrF, rounded to 2 decimals."""
+    return {"bleu": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2),
+            "chrf": round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2)}
+
+
+def score(run_dir: Path, root: Path, langs: tuple[str, ...], multilingual: bool) -> dict:
+    """Average the last 5 checkpoints; translate the test set into each language; BLEU,
+    chrF and (multilingual) the share of outputs py3langid puts in another language."""
+    avg = average(run_dir)
+    source = test_source(root, run_dir)
     out = {}
     for lang in langs:
-        hyp = run_dir / f"test.{lang}.hyp"
-        command = ["transformer", "translate", "--checkpoint", str(avg),
-                   "--input", str(source), "--output", str(hyp), "--beam-size", "5"]
-        if multilingual:
-            command += ["--target-lang", lang]
-        run(command)
-        hyps = hyp.read_text(encoding="utf-8").split("\n")[:-1]
+        options = ["--beam-size", "5"] + (["--target-lang", lang] if multilingual else [])
+        hyps = translate(avg, source, run_dir / f"test.{lang}.hyp", *options)
         refs = read_gz(root / f"test_2016_flickr.{lang}.gz")
-        result = {"bleu": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2),
-                  "chrf": round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2)}
+        result = bleu_chrf(hyps, refs)
         result["off_target"] = off_target(hyps, lang)
         result["off_target_reference"] = off_target(refs, lang)  # py3langid's own error
         result["off_target_p50"] = off_target(hyps, lang, 0.5)  # as filters.langid: 0.5
@@ -156,12 +192,7 @@ def main() -> None:
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     for arm in args.arms:
         run_dir = out / arm
-        if not finished(run_dir, args.updates):
-            start = time.time()
-            run(["transformer", "train", f"hydra.run.dir={run_dir}", f"data.root={root}",
-                 *recipe(args.updates), *arm_overrides(arm, root, noise)],
-                out / f"{arm}.log")
-            print(f"{arm}: trained in {time.time() - start:.0f} s", flush=True)
+        train(run_dir, root, args.updates, arm_overrides(arm, root, noise), out / f"{arm}.log")
         multilingual = arm == "multilingual"
         results[arm] = {"updates": args.updates,
                         "test": score(run_dir, root, LANGS if multilingual else ("de",),

@@ -1,0 +1,270 @@
+"""Back-translation of in-domain German for Multi30k en->de, against Multi30k alone.
+
+The German descriptions of Multi30k task 2 (145,000 lines written independently of the
+English: in-domain monolingual text, not translations) become synthetic pairs through a
+de->en model (`transformer backtranslate`). Every model trains the recipe for the same
+number of updates of the same size (bench/corpora.py's `recipe`: the arms there and here
+train one schedule), then translates test_2016_flickr (beam 5) with the average of its last
+5 numbered checkpoints and with its last checkpoint, scored with cased sacreBLEU and chrF.
+
+Arms (`--arms`, run one after another in this order, never two trainings at once):
+- `reverse`: the de->en model (`data.src_lang=de data.tgt_lang=en`), scored de->en;
+- `baseline`: Multi30k en->de alone, bench/corpora.py's `clean` arm (`--reuse-clean DIR`
+  scores a finished run of it instead of training one);
+- `bt_tagged`: Multi30k (`filters: none`) plus the synthetic corpus (OUT/bt_sampled.en,
+  OUT/mono.de; `filters: basic`) tagged `<bt>`, sampled real / synthetic by `--bt-weight`
+  (default 0.5 / 0.5 of every epoch);
+- `bt_untagged`: the same without the tag;
+- `bt_beam`: tagged, from a beam-5 back-translation (OUT/bt_beam.en) instead of sampling.
+The default is `reverse baseline bt_tagged`. An epoch of the mixed arms has as many pairs as
+both corpora (174,000: ~370 updates), so they also validate, and number a checkpoint, every
+`--updates` / 40 updates (60: about one Multi30k epoch): their last 5 checkpoints span the
+end of the run as the baseline's epoch checkpoints do. Validation: Multi30k's val.
+
+The back-translation: OUT/mono.de (train.{1..5}.de.gz of `--mono` as one plain file) by the
+reverse model's averaged checkpoint, sampled top-k 10 (the command's default) or beam 5
+(`bt_beam`); with `--engine ctranslate2` (the default when the ctranslate2 module imports) by
+its int8 export (`transformer export --quantization int8`, OUT/reverse/ct2-int8), 2 threads.
+Its sentences/s come from the command's last line on stderr.
+
+    python bench/backtranslation.py --root ../shared/data/multi30k \\
+        --mono ../shared/data/multi30k-task2 --out runs/backtranslation --updates 2400 \\
+        --arms reverse baseline bt_tagged [--reuse-clean runs/corpora/clean]
+
+A finished arm (train.log's last line: stopped after `--updates` updates, with
+checkpoints/checkpoint_last.pt) is scored again without training; a finished
+back-translation (OUT/bt_sampled.en or OUT/bt_beam.en present) is not redone, and an
+interrupted one resumes where it stopped when the command is run again (with the same
+`--engine`: another is refused). Results go to OUT/results.json (test scores, training
+seconds, the cleaning table of each arm, the back-translations' speed) and are printed as a
+table with each arm's gain over `baseline`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from pathlib import Path
+
+import yaml
+from corpora import (
+    average,
+    bleu_chrf,
+    corpus_entry,
+    finished,
+    read_gz,
+    run,
+    test_source,
+    train,
+    translate,
+)
+
+HERE = Path(__file__).resolve().parent
+ARMS = ("reverse", "baseline", "bt_tagged", "bt_untagged", "bt_beam")
+MONO_FILES = 5  # train.1.de.gz ... train.5.de.gz
+TAG = "'<bt>'"  # quoted for Hydra's override grammar
+
+
+def has_ctranslate2() -> bool:
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def command_report(log: Path) -> dict:
+    """The numbers of the last "wrote N lines ... in S s (X sentences/s)..." line that
+    `transformer backtranslate` or `distill` wrote to `log`."""
+    lines = log.read_text(encoding="utf-8", errors="replace").replace("\r", "\n").splitlines()
+    line = next(line for line in reversed(lines)
+                if line.startswith("wrote ") and "sentences/s" in line)
+    found = re.search(r"wrote ([\d,]+) lines .* in ([\d.]+) s \(([\d.]+) sentences/s\)", line)
+    return {"lines": int(found[1].replace(",", "")), "seconds": float(found[2]),
+            "sentences_per_s": float(found[3]), "report": line}
+
+
+def training_seconds(run_dir: Path) -> int | None:
+    """The trainer's own clock at the end of a finished run (train.log's last line)."""
+    log = run_dir / "train.log"
+    found = re.findall(r"after \d+ updates \([\d,]+ target tokens\), (\d+) s",
+                       log.read_text() if log.is_file() else "")
+    return int(found[-1]) if found else None
+
+
+def times(run_dir: Path, seconds: float | None, earlier: dict) -> dict:
+    """An arm's training time: the trainer's clock (train.log) and the training command's
+    wall clock (`seconds`, or as recorded `earlier` when this run did not train it)."""
+    return {"train_s": training_seconds(run_dir),
+            "wall_s": round(seconds) if seconds else earlier.get("wall_s")}
+
+
+def corpus_weights(run_dir: Path) -> dict | None:
+    """{corpus: weight} of the run's `data.corpora` (its config.yaml), None without."""
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    return {c["name"]: c["weight"] for c in config["data"].get("corpora") or []} or None
+
+
+def export_int8(checkpoint: Path, directory: Path) -> Path:
+    """DIRECTORY: the CTranslate2 int8 export of `checkpoint` (made once)."""
+    if not (directory / "model.bin").is_file():
+        run(["transformer", "export", "--checkpoint", str(checkpoint), "--output",
+             str(directory), "--quantization", "int8"])
+    return directory
+
+
+def mono_text(mono: Path, out: Path) -> Path:
+    """OUT/mono.de: the German descriptions of task 2, train.1.de.gz to train.5.de.gz one
+    after another as one plain file (made once)."""
+    path = out / "mono.de"
+    if not path.is_file():
+        lines = [line for k in range(1, MONO_FILES + 1)
+                 for line in read_gz(mono / f"train.{k}.de.gz")]
+        partial = out / "mono.de.partial"
+        partial.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        partial.replace(path)
+    return path
+
+
+def backtranslate(out: Path, mono: Path, name: str, engine: str, threads: int) -> dict | None:
+    """OUT/NAME.en: the reverse model's translation of OUT/mono.de (`bt_sampled`: sampled,
+    `bt_beam`: beam 5) -> its speed, or None when it was there already."""
+    output = out / f"{name}.en"
+    if output.is_file():
+        return None
+    reverse = average(out / "reverse")
+    model = export_int8(reverse, out / "reverse/ct2-int8") if engine == "ctranslate2" else reverse
+    command = ["transformer", "backtranslate", "--checkpoint", str(model), "--engine", engine,
+               "--threads", str(threads), "--input", str(mono), "--output", str(output),
+               "--src-lang", "en", "--tgt-lang", "de",
+               "--config-fragment", str(out / f"{name}.yaml")]
+    if name == "bt_beam":
+        command += ["--beam-size", "5"]
+    log = out / f"{name}.log"
+    start = time.time()
+    run(command, log)
+    return {"engine": engine, "threads": threads, "wall_s": round(time.time() - start),
+            **command_report(log)}
+
+
+def arm_overrides(arm: str, root: Path, out: Path, bt_weight: float, updates: int) -> list[str]:
+    """The data overrides of one arm (after the recipe's)."""
+    if arm == "reverse":
+        return ["data.src_lang=de", "data.tgt_lang=en"]
+    if arm == "baseline":
+        return []
+    real = corpus_entry("real", root / "train.en.gz", root / "train.de.gz",
+                        weight=f"{1 - bt_weight:g}", filters="none")
+    synthetic = out / ("bt_beam.en" if arm == "bt_beam" else "bt_sampled.en")
+    tag = {} if arm == "bt_untagged" else {"tag": TAG}
+    bt = corpus_entry("bt", synthetic, out / "mono.de", **tag, weight=f"{bt_weight:g}",
+                      filters="basic")
+    return [f"data.corpora=[{real},{bt}]",
+            f"trainer.validate_every_updates={max(1, updates // 40)}"]  # replaces recipe's
+
+
+def score(run_dir: Path, root: Path, src: str, tgt: str) -> dict:
+    """Test BLEU and chrF (beam 5) of the last-5 average and of the last checkpoint."""
+    source = test_source(root, run_dir, src)
+    refs = read_gz(root / f"test_2016_flickr.{tgt}.gz")
+    checkpoints = {"avg5": average(run_dir), "last": run_dir / "checkpoints/checkpoint_last.pt"}
+    return {name: bleu_chrf(translate(path, source, run_dir / f"test.{name}.{tgt}",
+                                      "--beam-size", "5"), refs)
+            for name, path in checkpoints.items()}
+
+
+def gains(results: dict) -> dict:
+    """{arm: its BLEU minus the baseline's} of the en->de arms (the last-5 averages)."""
+    if "baseline" not in results:
+        return {}
+    base = results["baseline"]["test"]["avg5"]["bleu"]
+    return {arm: round(results[arm]["test"]["avg5"]["bleu"] - base, 2)
+            for arm in ARMS[2:] if arm in results}
+
+
+def print_table(results: dict) -> None:
+    print("\narm          pair    BLEU   chrF  last BLEU   gain  train s")
+    for arm in ARMS:
+        if arm not in results:
+            continue
+        r = results[arm]
+        avg5, last = r["test"]["avg5"], r["test"]["last"]
+        gain = results["gains"].get(arm)
+        gain = "      " if gain is None else f"{gain:+6.2f}"
+        print(f"{arm:<12} {r['pair']:<6} {avg5['bleu']:>5.2f} {avg5['chrf']:>6.2f} "
+              f"{last['bleu']:>10.2f} {gain} {r.get('train_s') or '-':>8}")
+    for name in ("bt_sampled", "bt_beam"):
+        if name in results.get("backtranslation", {}):
+            b = results["backtranslation"][name]
+            print(f"{name}: {b['lines']:,} lines, {b['sentences_per_s']:.1f} sentences/s "
+                  f"({b['engine']}, {b['threads']} threads)")
+    base = results.get("baseline", {}).get("test", {}).get("avg5", {}).get("bleu")
+    if base is not None and base < 35:
+        print(f"note: the baseline reached {base:.2f} BLEU, under the 35 it should reach")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=HERE.parent.parent / "shared/data/multi30k")
+    parser.add_argument("--mono", type=Path,
+                        default=HERE.parent.parent / "shared/data/multi30k-task2",
+                        help="Multi30k task 2's folder: train.{1..5}.de.gz")
+    parser.add_argument("--out", type=Path, default=Path("runs/backtranslation"))
+    parser.add_argument("--updates", type=int, default=2400)
+    parser.add_argument("--arms", nargs="+", default=["reverse", "baseline", "bt_tagged"],
+                        choices=ARMS)
+    parser.add_argument("--bt-weight", type=float, default=0.5,
+                        help="the synthetic corpus's share of every epoch (data.corpora "
+                             "weight); the real corpus gets the rest (default 0.5). A "
+                             "finished arm keeps the weights it trained with")
+    parser.add_argument("--engine", choices=("torch", "ctranslate2"),
+                        default="ctranslate2" if has_ctranslate2() else "torch",
+                        help="the back-translation's engine (default ctranslate2, an int8 "
+                             "export, when the module imports; else torch)")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="the back-translation's threads (default 2)")
+    parser.add_argument("--reuse-clean", type=Path, metavar="DIR",
+                        help="a finished run of bench/corpora.py's clean arm (the same "
+                             "--updates) to score as the baseline instead of training one")
+    args = parser.parse_args()
+    if not 0 < args.bt_weight < 1:
+        parser.error(f"--bt-weight must be in (0, 1), got {args.bt_weight}")
+    root, mono, out = args.root.resolve(), args.mono.resolve(), args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    for arm in sorted(set(args.arms), key=ARMS.index):  # the reverse model first
+        run_dir = out / arm
+        if arm == "baseline" and args.reuse_clean:
+            run_dir = args.reuse_clean.resolve()
+            if not finished(run_dir, args.updates):
+                raise SystemExit(f"--reuse-clean {run_dir}: not a run finished after "
+                                 f"{args.updates} updates")
+        if arm.startswith("bt_") and not finished(run_dir, args.updates):
+            if not finished(out / "reverse", args.updates):
+                raise SystemExit(f"{arm} needs the reverse model: run --arms reverse first")
+            name = "bt_beam" if arm == "bt_beam" else "bt_sampled"
+            report = backtranslate(out, mono_text(mono, out), name, args.engine, args.threads)
+            if report is not None:
+                results.setdefault("backtranslation", {})[name] = report
+                results_path.write_text(json.dumps(results, indent=1))
+        seconds = train(run_dir, root, args.updates,
+                        arm_overrides(arm, root, out, args.bt_weight, args.updates),
+                        out / f"{arm}.log")
+        src, tgt = ("de", "en") if arm == "reverse" else ("en", "de")
+        cleaning = run_dir / "cleaning.txt"
+        results[arm] = {
+            "updates": args.updates, "pair": f"{src}-{tgt}", "run_dir": str(run_dir),
+            "weights": corpus_weights(run_dir), **times(run_dir, seconds, results.get(arm, {})),
+            "test": score(run_dir, root, src, tgt),
+            "cleaning": cleaning.read_text() if cleaning.is_file() else None}
+        results["gains"] = gains(results)
+        results_path.write_text(json.dumps(results, indent=1))
+        print(arm, json.dumps(results[arm]["test"]), flush=True)
+    print_table(results)
+
+
+if __name__ == "__main__":
+    main()
