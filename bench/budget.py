@@ -11,8 +11,10 @@ Arms (`--arms`, one training at a time):
 - `cut`: the recipe's schedule as it was before it knew its budget (2,000 warmup updates,
   then inverse sqrt, no cooldown: `optim.warmup_fraction=null optim.cooldown=0`), cut where
   the budget ends;
-- `recipe`: the recipe as it is (the warmup at most a quarter of the planned updates, the
-  cooldown over the last 20% of the budget);
+- `recipe`: the recipe as it is (2,000 warmup updates, inverse sqrt, the cooldown over the
+  last 20% of the budget);
+- `short_warmup`: the recipe with its warmup cut to a quarter of the planned updates
+  (`optim.warmup_fraction=0.25`);
 - `linear`: warmup, then linear decay to zero over the whole budget
   (`optim.schedule=constant optim.cooldown=1.0`);
 - `recipe_4k`: the recipe with batches of 4,096 tokens and dropout 0.1 (twice the updates).
@@ -39,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 ARMS = {
     "cut": ["optim.warmup_fraction=null", "optim.cooldown=0"],
     "recipe": [],
+    "short_warmup": ["optim.warmup_fraction=0.25"],
     "linear": ["optim.schedule=constant", "optim.cooldown=1.0"],
     "recipe_4k": ["data.max_tokens=4096", "model.dropout=0.1"],
 }
