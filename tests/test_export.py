@@ -484,3 +484,15 @@ def test_export_script_vocab_map_and_its_errors(checkpoint, multi30k_dir, tmp_pa
                                 str(tmp_path / "o"), "--vocab-map", *train,
                                 "--vocab-map-size", "0"]) == 1
     one_line_error(capsys, "--vocab-map-size must be >= 1")
+
+
+def test_engine_auto_picks_ctranslate2_for_an_export_and_ours_for_a_checkpoint(checkpoint,
+                                                                              exports):
+    """`--engine auto` (every command's default): the engine that reads what --checkpoint
+    names, so an exported model runs on CTranslate2 without asking."""
+    from transformer.engines import engine_for
+
+    assert engine_for(exports["int8"]) == "ctranslate2" and engine_for(checkpoint) == "torch"
+    assert engine_for([checkpoint, checkpoint]) == "torch"  # several: averaged by ours
+    assert load_translator(exports["int8"], device="cpu", threads=1).engine == "ctranslate2"
+    assert load_translator(checkpoint, device="cpu").engine == "torch"

@@ -151,7 +151,7 @@ EVALUATION = [*MODEL, Option("--max-sentences", "int"),
 @fuzz(40, shrink=False)
 @given(drawn=option_draws([*DECODING, *MODES, *MODEL, Option("--chunk-lines", "int"),
                            Option("--score", "flag"), Option("--engine", "choice",
-                                                             ("torch", "ctranslate2"))]))
+                                                             ("auto", "torch", "ctranslate2"))]))
 def test_translate_options(random_checkpoint, drawn):
     with files(random_checkpoint) as f:
         argv = ["translate", "--checkpoint", str(f.checkpoint), "--input", str(f.src),
@@ -242,7 +242,7 @@ def test_import_hf_paths(random_checkpoint, hf_dir, output):
 
 @fuzz(15, shrink=False)
 @given(drawn=option_draws([Option("--port", "int"), Option("--host", "text"), *MODEL[:2],
-                           Option("--engine", "choice", ("torch", "ctranslate2"))]))
+                           Option("--engine", "choice", ("auto", "torch", "ctranslate2"))]))
 def test_serve_options(random_checkpoint, drawn):
     """Argument errors only: a server that would start is replaced by a recorder, which
     checks that the port is one a socket can bind."""

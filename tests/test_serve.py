@@ -398,7 +398,7 @@ def test_script_accepts_only_known_engines_and_listens_locally_by_default():
     with pytest.raises(SystemExit):
         parser.parse_args(["--checkpoint", "x.pt", "--engine", "onnx"])
     args = parser.parse_args(["--checkpoint", "x.pt"])
-    assert (args.engine, args.host, args.port) == ("torch", "127.0.0.1", 8000)
+    assert (args.engine, args.host, args.port) == ("auto", "127.0.0.1", 8000)
 
 
 def test_the_ctranslate2_engine_serves_translations_but_not_attention(random_checkpoint,

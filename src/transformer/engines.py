@@ -59,13 +59,13 @@ import torch
 
 from .decoding import DecodingRequest, RequestError
 from .errors import ConfigError, ExportError
-from .export import read_export, require_ctranslate2
+from .export import is_export, read_export, require_ctranslate2
 from .model import ModelConfig
 from .runtime import device_index, resolve_device
 from .search import Hypothesis, decode_batches, length_penalty, max_output_lengths
 from .translator import BaseTranslator, Translator
 
-__all__ = ["ENGINES", "CTranslate2Translator", "load_translator"]
+__all__ = ["ENGINES", "CTranslate2Translator", "engine_for", "load_translator"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 ENGINES = ("torch", "ctranslate2")
@@ -239,19 +239,29 @@ def _ct2_device(device: str | torch.device) -> tuple[str, int]:
     return resolved.type, device_index(resolved)
 
 
-def load_translator(checkpoint: PathLike | Sequence[PathLike], engine: str = "torch", *,
+def engine_for(checkpoint: PathLike | Sequence[PathLike]) -> str:
+    """The engine "auto" picks: "ctranslate2" for one export directory (`transformer
+    export`'s: the faster engine on a CPU), "torch" for checkpoints and run directories."""
+    paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
+    return "ctranslate2" if len(paths) == 1 and is_export(paths[0]) else "torch"
+
+
+def load_translator(checkpoint: PathLike | Sequence[PathLike], engine: str = "auto", *,
                     device: str | torch.device = "auto",
                     threads: int | None = None) -> BaseTranslator:
     """A translator for `engine`: "torch" loads a checkpoint file or run directory (several
-    are averaged) into `Translator`; "ctranslate2" loads an export directory. `threads` sets
-    the engine's CPU threads (for torch: `torch.set_num_threads`, process-wide).
+    are averaged) into `Translator`; "ctranslate2" loads an export directory; "auto" (the
+    default) takes the one that reads `checkpoint` (`engine_for`). `threads` sets the
+    engine's CPU threads (for torch: `torch.set_num_threads`, process-wide).
     Raises CheckpointError / ExportError with one-line messages."""
+    if engine == "auto":
+        engine = engine_for(checkpoint)
     if engine == "torch":
         if threads:
             torch.set_num_threads(threads)
         return Translator.load(checkpoint, device=device)
     if engine != "ctranslate2":
-        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        raise ConfigError(f"engine must be auto, {', '.join(ENGINES)}, got {engine!r}")
     paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
     if len(paths) != 1:
         raise ExportError("the ctranslate2 engine reads one export directory; average "

@@ -1,14 +1,14 @@
 """Back-translate monolingual target-side text into a synthetic parallel corpus.
 
     transformer backtranslate --checkpoint REVERSE_MODEL --input MONO --output OUT
-        [--engine torch|ctranslate2] [--sampling-topk 10] [--seed 1] [--beam-size N]
+        [--engine auto|torch|ctranslate2] [--sampling-topk 10] [--seed 1] [--beam-size N]
         [--chunk-lines 10000] [--max-tokens N] [--src-lang L] [--tgt-lang L]
         [--name bt] [--tag '<bt>'] [--weight 1.0] [--config-fragment FILE]
 
 REVERSE_MODEL translates the target language into the source language (a run directory or
-checkpoint; with `--engine ctranslate2`, an export directory). MONO: target-language text,
-one sentence per line (plain or .gz). OUT: its translations, one line per input line in
-order: the synthetic source of the corpus (OUT, MONO).
+checkpoint, or an export directory, which CTranslate2 runs: the faster engine on a CPU).
+MONO: target-language text, one sentence per line (plain or .gz). OUT: its translations,
+one line per input line in order: the synthetic source of the corpus (OUT, MONO).
 
 Decoding samples from the 10 most likely tokens with seed 1 (Edunov et al. 2018: sampling,
 top-k 10 or unrestricted, beats beam search for back-translation); `--beam-size N` alone
@@ -108,8 +108,9 @@ def run(args: argparse.Namespace) -> None:
     translator = load_model(args)
     _check_languages(translator, args)
     request = decoding_request(_sampling_by_default(args), translator)
-    settings = BacktranslationSettings(str(Path(args.checkpoint).resolve()), args.engine,
-                                       request, args.chunk_lines, args.max_tokens)
+    settings = BacktranslationSettings(str(Path(args.checkpoint).resolve()),
+                                       translator.engine, request, args.chunk_lines,
+                                       args.max_tokens)
     progress = resume_point(args.input, args.output, settings)
     seeds = " (each chunk's drawn from it and the chunk's number)" if request.sampling else ""
     resumed = f"; resuming after line {progress.lines:,}" if progress.lines else ""

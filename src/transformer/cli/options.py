@@ -42,11 +42,12 @@ def add_model_options(parser: argparse.ArgumentParser, *, several: bool = False,
                         metavar="RUN_DIR_OR_PT",
                         help="checkpoint file or run directory (its best checkpoint)"
                              + ("; several are averaged" if several else "")
-                             + (". With --engine ctranslate2: an export directory"
+                             + (", or an export directory (transformer export)"
                                 if engines else ""))
     if engines:
-        parser.add_argument("--engine", choices=ENGINES, default="torch",
-                            help="torch (our PyTorch model, default) or ctranslate2 (a model "
+        parser.add_argument("--engine", choices=("auto", *ENGINES), default="auto",
+                            help="auto (default: ctranslate2 for an export directory, else "
+                                 "torch), torch (our PyTorch model) or ctranslate2 (a model "
                                  "exported by transformer export; needs the export extra)")
     add_device_options(parser)
 
