@@ -157,6 +157,7 @@ class Schedule:
         self.plan = Plan(cfg.optim.warmup_updates)
         self._mark: _Mark | None = None
         self._observed = 0  # updates observed by this process (a resumed run starts again)
+        self._built: tuple[int, Callable[[int], float]] | None = None  # (warmup, schedule)
         if self.budget.updates_only:
             self._replan(0, self.budget.max_updates)
 
@@ -165,11 +166,20 @@ class Schedule:
     def factor(self, num_updates: int, progress: float) -> float:
         """The factor of `optim.lr` for the update after `num_updates`, at `progress`."""
         o = self.optim
-        base = lr_lambda(o.schedule, self.plan.warmup_updates, self.budget.max_updates,
-                         o.cooldown_updates)(num_updates)
+        base = self._schedule(self.plan.warmup_updates)(num_updates)
         if o.cooldown:
             base *= min(1.0, max(0.0, 1.0 - progress) / o.cooldown)
         return base
+
+    def _schedule(self, warmup_updates: int) -> Callable[[int], float]:
+        """The schedule in updates (`lr_lambda`) for a warmup of `warmup_updates`, built
+        again only when the plan chooses another warmup, not at every update."""
+        if self._built is None or self._built[0] != warmup_updates:
+            o = self.optim
+            self._built = (warmup_updates, lr_lambda(o.schedule, warmup_updates,
+                                                     self.budget.max_updates,
+                                                     o.cooldown_updates))
+        return self._built[1]
 
     def set_lr(self, optimizer: torch.optim.Optimizer, num_updates: int,
                progress: float) -> float:
