@@ -1,7 +1,7 @@
-"""Benchmark: our PyTorch engine vs CTranslate2 float32 and int8 exports of the same model,
-each also with a vocabulary map (counted in Multi30k's training pairs), on Multi30k
-test_2016_flickr (en -> de), beam 5, CPU, in one run; and the decoding modes (sampling,
-alignments) of both engines.
+"""Benchmark: our PyTorch engine (float32, and int8: `quantize="int8"`) vs CTranslate2 float32
+and int8 exports of the same model, each also with a vocabulary map (counted in Multi30k's
+training pairs), on Multi30k test_2016_flickr (en -> de), beam 5, CPU, in one run; and the
+decoding modes (sampling, alignments) of both engines.
 
 For each thread count (default 1 and 2) and row, a fresh subprocess loads the model,
 warms up on 8 sentences, then translates the whole test set (best of --repeats); all of that
@@ -14,16 +14,20 @@ exports are made here from --checkpoint with scripts/export.py's code. Both engi
 with the same settings (beam 5, the checkpoint's alpha, max length 1.5 * source + 10, batches
 of --max-tokens source tokens); see transformer/engines.py for how the searches are matched.
 
-Rows: each engine's beam search; "sampling" (top-k 10, seed 1: back-translation's setting)
-and "+ alignment" (beam search, each output also word-aligned) for ours and CTranslate2
-float32; with `--baseline-src DIR`, "torch baseline": our engine as the package in DIR/src
-decodes (e.g. a `git worktree` of an earlier commit), for speed-ups measured in the same run.
+Rows: each engine's beam search ("torch int8": ours with its linear layers in PyTorch's
+dynamic int8, `Translator.load(..., quantize="int8")`, compared with "ct2 int8"); "sampling"
+(top-k 10, seed 1: back-translation's setting) and "+ alignment" (beam search, each output
+also word-aligned) for ours and CTranslate2 float32; with `--baseline-src DIR`, "torch
+baseline": our engine as the package in DIR/src decodes (e.g. a `git worktree` of an
+earlier commit), for speed-ups measured in the same run.
 `--rows` picks rows by name.
 
     python bench/engines.py [--checkpoint RUN_OR_PT] [--data-root DIR] [--threads 1 2]
                             [--sentences 1000] [--repeats 3] [--rounds 2] [--profile]
                             [--baseline-src DIR] [--rows "torch" "ct2 float32" ...]
 
+Above the table: the CPU's name and what PyTorch's kernels use on it (its CPU capability,
+e.g. AVX512, and whether it computes bf16 natively, AVX512-BF16).
 `--profile` also prints where our engine's time goes (torch.profiler, operators by self CPU
 time, at the smallest thread count: the least disturbed by other processes).
 Needs `ctranslate2` (pip install -e '.[export]').
@@ -34,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -57,8 +62,9 @@ DEFAULT_CHECKPOINT = str(Path(__file__).resolve().parents[2]
                          / "runs/ref/checkpoints/checkpoint_best.pt")
 MAPPED = "ct2 int8 + vmap"
 BASELINE = "torch baseline"
-# name -> export (quantization, with a vocabulary map)
-ENGINES = {"torch": None, "ct2 float32": ("float32", False),
+QUANTIZED = "torch int8"  # our engine, Translator.load(..., quantize="int8")
+# name -> export (quantization, with a vocabulary map); None: our engine, from the checkpoint
+ENGINES = {"torch": None, QUANTIZED: None, "ct2 float32": ("float32", False),
            "ct2 float32 + vmap": ("float32", True), "ct2 int8": ("int8", False),
            MAPPED: ("int8", True)}
 MODES = ("", " sampling", " + alignment")
@@ -89,6 +95,20 @@ INT8_MAX_BLEU_DROP, INT8_MAX_SIZE = 0.5, 0.30
 FLOAT32_MAX_BLEU_DIFF = 0.2
 
 
+def cpu_description() -> str:
+    """The CPU's name (/proc/cpuinfo's "model name", else `platform.processor()`) and what
+    PyTorch's CPU kernels use on it: its capability (e.g. AVX512) and native bf16."""
+    name = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name")), name)
+    except OSError:
+        pass
+    return (f"CPU: {name}; torch CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+            f"AVX512-BF16 {torch.cpu._is_avx512_bf16_supported()}")
+
+
 def test_lines(root: str, lang: str) -> list[str]:
     download_multi30k(root, ("en", "de"))
     return read_lines(Path(root).expanduser() / f"test_2016_flickr.{lang}.gz")
@@ -100,7 +120,10 @@ def child(args: argparse.Namespace) -> None:
     torch.set_num_threads(threads)
     name, mode = ROWS.get(args.child, ("torch", ""))  # the baseline: our beam search
     engine = "torch" if ENGINES[name] is None else "ctranslate2"
-    translator = load_translator(args.model, engine, device="cpu", threads=threads)
+    # only where asked: a baseline package's load_translator may not take it
+    quantized = {"quantize": "int8"} if name == QUANTIZED else {}
+    translator = load_translator(args.model, engine, device="cpu", threads=threads,
+                                 **quantized)
     lines = test_lines(args.data_root, "en")[:args.sentences]
     options = {"max_tokens": args.max_tokens, **mode_options(mode)}
     translator.translate(lines[:8], **options)  # warm-up
@@ -186,13 +209,14 @@ def main() -> None:
     print(f"torch {torch.__version__}; checkpoint {args.checkpoint} "
           f"({translator.model.num_parameters():,} parameters); {len(refs)} sentences of "
           f"test_2016_flickr, beam 5, alpha {translator.decoding.alpha:g}")
+    print(cpu_description())
     rows = args.rows or [*ROWS, *([BASELINE] if args.baseline_src else [])]
     if BASELINE in rows and not args.baseline_src:
         parser.error(f"the row {BASELINE!r} needs --baseline-src")
     rows = ["torch", *(row for row in rows if row != "torch")]  # the reference, always
     engine_of = {row: ROWS.get(row, ("torch", ""))[0] for row in rows}
     with tempfile.TemporaryDirectory() as tmp:
-        models = {"torch": args.checkpoint}
+        models = {"torch": args.checkpoint, QUANTIZED: args.checkpoint}
         root = Path(args.data_root).expanduser()
         vocab_map = build_vocab_map(translator.tokenizers, root / "train.en.gz",
                                     root / "train.de.gz")
@@ -202,7 +226,7 @@ def main() -> None:
                 models[name] = str(Path(tmp) / f"{quantization}{'-vmap' * mapped}")
                 export_ctranslate2(translator, models[name], quantization=quantization,
                                    vocab_map=vocab_map if mapped else None)
-        sizes = {row: Path(models[name] if name == "torch" else
+        sizes = {row: Path(models[name] if ENGINES[name] is None else
                            Path(models[name]) / "model.bin").stat().st_size
                  for row, name in engine_of.items()}
         map_size = (Path(models[MAPPED]) / VOCAB_MAP).stat().st_size if MAPPED in rows else 0
@@ -223,7 +247,8 @@ def main() -> None:
               f"{r['tokens'] / r['seconds']:>9.0f}"
               f"{speed[threads, name] / speed[threads, 'torch']:>9.2f}"
               f"{r['peak_rss_mib']:>14.0f}{sizes[name] / 2**20:>10.1f}{bleu[threads, name]:>7.2f}")
-    print("size: our checkpoint file (weights + optimizer state), CTranslate2's model.bin; "
+    print("size: our checkpoint file (weights + optimizer state; torch int8 quantizes it when "
+          "loaded), CTranslate2's model.bin; "
           f"the vocabulary map (vmap.txt, {map_size / 2**20:.2f} MiB beside model.bin): "
           f"{len(vocab_map.candidates):,} source pieces, <= {DEFAULT_PER_SOURCE} candidates "
           f"each + {len(vocab_map.always)} always, from {vocab_map.pairs:,} training pairs")
@@ -231,6 +256,10 @@ def main() -> None:
     if "ct2 float32" in rows:
         print(f"ours / ct2 float32 (exact beam search, {top} thread(s)): "
               f"{speed[top, 'torch'] / speed[top, 'ct2 float32']:.2f}x")
+    if QUANTIZED in rows and "ct2 int8" in rows:
+        print(f"{QUANTIZED} / ct2 int8 ({top} thread(s)): "
+              f"{speed[top, QUANTIZED] / speed[top, 'ct2 int8']:.2f}x the sentences/s, BLEU "
+              f"{bleu[top, QUANTIZED]:.2f} vs {bleu[top, 'ct2 int8']:.2f}")
     if BASELINE in rows:
         same = results[top, "torch"]["hyps"] == results[top, BASELINE]["hyps"]
         print(f"ours / {BASELINE} ({args.baseline_src}, {top} thread(s)): "
@@ -251,6 +280,10 @@ def main() -> None:
         delta = bleu[top, name] - bleu[top, "torch"]
         print(f"{'PASS' if abs(delta) <= FLOAT32_MAX_BLEU_DIFF else 'FAIL'}  {name} BLEU "
               f"within {FLOAT32_MAX_BLEU_DIFF} of ours: {delta:+.2f}")
+    if QUANTIZED in rows:
+        drop = bleu[top, "torch"] - bleu[top, QUANTIZED]
+        print(f"{'PASS' if drop <= INT8_MAX_BLEU_DROP else 'FAIL'}  {QUANTIZED} BLEU within "
+              f"{INT8_MAX_BLEU_DROP} of ours: {-drop:+.2f}")
     for name in (n for n in INT8 if n in rows):
         drop = bleu[top, "torch"] - bleu[top, name]
         print(f"{'PASS' if drop <= INT8_MAX_BLEU_DROP else 'FAIL'}  {name} BLEU within "

@@ -44,7 +44,8 @@ OPTIONS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "sampling_to
 
 
 class RequestError(ConfigError):
-    """A decoding option out of range, or options that do not go together. `field` is the
+    """A decoding option out of range, or options that do not go together (also our
+    engine's `quantize`, which the commands share as `--quantize`). `field` is the
     option's name as the server's JSON spells it; the message names options as
     "{field}" placeholders, rendered by `message(name)`: `str(error)` uses the field names,
     the command line its options (`option_name`)."""

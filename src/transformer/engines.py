@@ -3,6 +3,7 @@ loads either engine (ours, `translator.Translator`, or CTranslate2's) by name.
 
     translator = load_translator("runs/x", "torch")                 # a checkpoint or run dir
     translator = load_translator("runs/x/ct2-int8", "ctranslate2")  # transformer export's output
+    translator = load_translator("runs/x", "torch", device="cpu", quantize="int8")  # ours, int8
     translator.translate(lines, beam_size=5)     # the same API and return values either way
 
 Both are `translator.BaseTranslator`s: the same source encoding, batching
@@ -247,21 +248,28 @@ def engine_for(checkpoint: PathLike | Sequence[PathLike]) -> str:
 
 
 def load_translator(checkpoint: PathLike | Sequence[PathLike], engine: str = "auto", *,
-                    device: str | torch.device = "auto",
-                    threads: int | None = None) -> BaseTranslator:
+                    device: str | torch.device = "auto", threads: int | None = None,
+                    quantize: str | None = None) -> BaseTranslator:
     """A translator for `engine`: "torch" loads a checkpoint file or run directory (several
-    are averaged) into `Translator`; "ctranslate2" loads an export directory; "auto" (the
-    default) takes the one that reads `checkpoint` (`engine_for`). `threads` sets the
-    engine's CPU threads (for torch: `torch.set_num_threads`, process-wide).
-    Raises CheckpointError / ExportError with one-line messages."""
+    are averaged) into `Translator` (with `quantize`, its linear layers in int8:
+    `Translator.load`); "ctranslate2" loads an export directory, whose type its export
+    chose (`quantize` refused); "auto" (the default) takes the one that reads `checkpoint`
+    (`engine_for`). `threads` sets the engine's CPU threads (for torch:
+    `torch.set_num_threads`, process-wide). Raises CheckpointError / ExportError /
+    ConfigError with one-line messages."""
     if engine == "auto":
         engine = engine_for(checkpoint)
     if engine == "torch":
         if threads:
             torch.set_num_threads(threads)
-        return Translator.load(checkpoint, device=device)
+        return Translator.load(checkpoint, device=device, quantize=quantize)
     if engine != "ctranslate2":
         raise ConfigError(f"engine must be auto, {', '.join(ENGINES)}, got {engine!r}")
+    if quantize is not None:
+        raise RequestError("quantize", "{quantize} is our engine's (torch): CTranslate2 "
+                                       "chooses its type at export (transformer export "
+                                       "--quantization int8); leave {quantize} out for an "
+                                       "export directory or {engine} ctranslate2")
     paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
     if len(paths) != 1:
         raise ExportError("the ctranslate2 engine reads one export directory; average "

@@ -206,7 +206,10 @@ def _halve_position_tables(spec: Any) -> None:
 
 def check_exportable(translator: Translator, source: str = "") -> None:
     """`ExportError` (one line, naming `source`, the checkpoint) for a model that CTranslate2
-    cannot translate as it was trained: a multilingual one."""
+    cannot translate as it was trained: a multilingual one; and for a translator loaded in
+    int8 (`Translator`'s `quantize`: CTranslate2 quantizes the float32 weights itself)."""
+    translator.check_float(source, "exporting it to CTranslate2 (which quantizes at "
+                                   "export: quantization int8)")
     translator.check_bilingual(
         source, "exporting it to CTranslate2",
         "CTranslate2 reads the source pieces it is given and adds no target-language tag, "

@@ -437,14 +437,15 @@ def export_hf(translator: Translator, output: PathLike, *, source: str = "") -> 
     config.json, generation_config.json, model.safetensors, and MarianTokenizer's files
     (source.spm, target.spm, vocab.json, tokenizer_config.json). The directory appears
     complete or not at all (built beside `output`, then renamed; an existing one is
-    replaced only if it holds a config.json). A multilingual model is refused with an
-    `ExportError` naming `source` (its checkpoint), before anything is written. Returns
-    config.json's contents."""
+    replaced only if it holds a config.json). A multilingual model, or one loaded in int8
+    (`quantize`), is refused with an `ExportError` naming `source` (its checkpoint), before
+    anything is written. Returns config.json's contents."""
     translator.check_bilingual(
         source, "exporting it to Hugging Face",
         "MarianTokenizer and generate() do not put the target-language tag every source of "
         "this model needs in front of it; translate it with transformer translate "
         "--target-lang")
+    translator.check_float(source, "exporting it to Hugging Face")
     safetensors = require("safetensors.torch", extra="hf", feature="export --format hf")
     model, tokenizers = translator.model, translator.tokenizers
     config = hf_config(model.config)

@@ -278,8 +278,9 @@ class Transformer(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        """Where the model's parameters are."""
-        return self.output_projection.weight.device
+        """Where the model's parameters are (read from the target embedding, which stays a
+        float tensor where the linear layers are quantized, `ops.quantize_int8`)."""
+        return self.decoder.embedding.weight.device
 
     def num_parameters(self) -> int:
         """Trainable parameters; a matrix shared by several layers counts once."""

@@ -5,6 +5,9 @@
   (MKL's sgemm): oneDNN picks its kernels by the CPU's instruction set, AVX-512 where there
   is one, where MKL's may not (docs/RESULTS.md, "Decoding: our engine's speed"). Training,
   autocast and other devices take `F.linear`.
+- `quantize_int8`: a copy of a model whose linear layers (`nn.Linear` and `Linear`) are
+  PyTorch's dynamically quantized int8 ones (`torch.ao.quantization.quantize_dynamic`):
+  int8 weights, each input quantized as it comes; CPU only. Our engine's `quantize="int8"`.
 
 - `Dropout`: `nn.Dropout` with a cheaper random mask on CPU: `torch.bernoulli_` draws a float
   per element, this draws one random byte per element and compares it with a threshold.
@@ -22,11 +25,16 @@ Both use PyTorch's random generator and plain tensor ops, so seeds and devices b
 
 from __future__ import annotations
 
+import copy
+import warnings
+from typing import TypeVar
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-__all__ = ["Dropout", "Linear", "linear", "linear_label_smoothed_cross_entropy"]
+__all__ = ["Dropout", "Linear", "linear", "quantize_int8",
+           "linear_label_smoothed_cross_entropy"]
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -48,6 +56,37 @@ class Linear(nn.Linear):
 
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+# The warnings `quantize_dynamic` gives on every call: eager-mode quantization and
+# quantized tensors are deprecated in PyTorch (what they compute is unchanged).
+_QUANTIZATION_DEPRECATED = (
+    (r"torch\.ao\.quantization is deprecated", DeprecationWarning),
+    (r"torch\.quantize_per_tensor, torch\.quantize_per_channel and other quantized tensor "
+     r"creation functions", UserWarning),
+)
+
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def quantize_int8(model: M) -> M:
+    """A copy of `model`, in eval mode, whose linear layers (`nn.Linear` and ours,
+    `Linear`) are PyTorch's dynamically quantized int8 layers: weights stored in int8 (one
+    scale per matrix), each input quantized on the fly, products of 8-bit integers summed
+    in int32. The rest (embeddings, layer norms, attention) stays float32; a weight shared
+    with an embedding (the tied output projection) is quantized in the projection only: the
+    embedding keeps its float32 values. CPU only (PyTorch has no CUDA kernels for these
+    layers). `model` itself is left as it was."""
+    quantized = copy.deepcopy(model).eval()
+    for module in quantized.modules():
+        if isinstance(module, Linear):  # quantize_dynamic matches exact types only
+            module.__class__ = nn.Linear  # the same parameters, computed by F.linear
+    with warnings.catch_warnings():
+        # a deprecation notice on every model load, about an API that still works: not ours
+        for message, category in _QUANTIZATION_DEPRECATED:
+            warnings.filterwarnings("ignore", message=message, category=category)
+        return torch.ao.quantization.quantize_dynamic(quantized, {nn.Linear},
+                                                      dtype=torch.qint8, inplace=True)
 
 
 class Dropout(nn.Dropout):

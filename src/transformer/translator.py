@@ -5,6 +5,7 @@
     translator.translations(lines, nbest=3)   # -> per line 3 Translations (text, score, ...)
     translator.translations(lines, translator.request(nbest=3, alpha=2.0))   # the same object
     translator.translate(lines, target_lang="fr")     # a multilingual model: into French
+    translator = Translator.load("runs/x", device="cpu", quantize="int8")   # int8 linear layers
 
 `BaseTranslator` is the interface every engine offers (ours here, CTranslate2's in
 `engines.py`), and all that `transformer translate`, the server and the export rely on. Every
@@ -16,6 +17,10 @@ call names its language (`target_lang`), `check` refuses a call without one or i
 language the model was not trained for, and `encode_sources`, the one source encoding of
 every path (search, sampling, prefixes, alignments, scoring), puts the tag first. The tag is
 not a word of the text: alignments count the text's words only.
+
+`quantize="int8"` runs our engine's linear layers in int8 (`ops.quantize_int8`, PyTorch's
+dynamic quantization, CPU only): int8 weights and matrix products, outputs close to
+float32's but not always equal. The one rule for it: `check_quantize`.
 """
 
 from __future__ import annotations
@@ -46,16 +51,35 @@ from .decoding import DecodingRequest, RequestError, literal
 from .errors import CheckpointError, DataError, ExportError
 from .loss import sentence_log_probs
 from .model import ModelConfig, Transformer
+from .ops import quantize_int8
 from .runtime import resolve_device
 from .search import DEFAULT_MAX_TOKENS, Hypothesis, length_penalty, search_corpus
 from .store import ParallelCorpus
 from .tokenizer import TokenizerPair
 
-__all__ = ["Translation", "BaseTranslator", "Translator"]
+__all__ = ["Translation", "BaseTranslator", "Translator", "QUANTIZE", "check_quantize"]
 
 log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+QUANTIZE = ("int8",)  # what `Translator`'s `quantize` may be, besides None (float32)
+
+
+def check_quantize(quantize: str | None, device: torch.device) -> None:
+    """`RequestError` naming quantize (`--quantize` on the command line) unless `quantize`
+    is None, or one of QUANTIZE on the CPU: PyTorch's dynamically quantized layers
+    (`ops.quantize_int8`) have CPU kernels only."""
+    if quantize is None:
+        return
+    if quantize not in QUANTIZE:
+        choices = ", ".join(repr(choice) for choice in QUANTIZE)
+        raise RequestError("quantize", f"{{quantize}} must be None (float32) or {choices}, "
+                                       f"got {literal(quantize)}")
+    if device.type != "cpu":
+        raise RequestError("quantize", f"{{quantize}} {quantize} is a CPU path (PyTorch's "
+                                       f"dynamically quantized layers run on the CPU only), "
+                                       f"not for {device}: choose {{device}} cpu")
 
 
 @dataclass(frozen=True)
@@ -82,6 +106,7 @@ class BaseTranslator(ABC):
     """
 
     engine: ClassVar[str]  # "torch" or "ctranslate2"
+    quantize: str | None = None  # "int8": our engine's linear layers in int8 (`Translator`)
 
     def __init__(self, tokenizers: TokenizerPair, *,
                  decoding: DecodingSettings = DecodingSettings(),
@@ -208,6 +233,15 @@ class BaseTranslator(ABC):
                              for lang in self.target_languages)
             raise ExportError(f"{name or 'the model'} is a multilingual model (target-language "
                               f"tags {tags}); {action} is not supported: {reason}")
+
+    def check_float(self, name: str, action: str) -> None:
+        """`ExportError` (one line) for a translator loaded with its linear layers in int8
+        (`quantize`), whose float32 weights `action` (e.g. "exporting it to CTranslate2")
+        needs; `name`: the model's checkpoint."""
+        if self.quantize is not None:
+            raise ExportError(f"{name or 'the model'} was loaded with quantize="
+                              f"{self.quantize!r}; {action} needs its float32 weights: load "
+                              f"it without quantize")
 
     def translate(self, lines: Sequence[str], request: DecodingRequest | None = None,
                   **options: Any) -> list[str]:
@@ -343,7 +377,9 @@ class Translator(BaseTranslator):
     translate raw sentences.
 
     `decoding` defaults to those stored in the checkpoint by `transformer tune-decoding`
-    (alpha and beam size chosen on validation data), else `DecodingSettings()`.
+    (alpha and beam size chosen on validation data), else `DecodingSettings()`. `quantize`
+    "int8" decodes with a copy of `model` whose linear layers are int8
+    (`ops.quantize_int8`; CPU only, `check_quantize`); None keeps it float32.
     """
 
     engine: ClassVar[str] = "torch"
@@ -351,11 +387,16 @@ class Translator(BaseTranslator):
     def __init__(self, model: Transformer, tokenizers: TokenizerPair,
                  device: str | torch.device = "cpu", *,
                  decoding: DecodingSettings = DecodingSettings(),
-                 training_config: TrainConfig | None = None):
+                 training_config: TrainConfig | None = None,
+                 quantize: str | None = None):
         super().__init__(tokenizers, decoding=decoding,
                          training_config=training_config)
         self.device = resolve_device(device)
-        self.model = model.to(self.device).eval()
+        check_quantize(quantize, self.device)
+        self.quantize = quantize
+        self._num_parameters = model.num_parameters()  # int8 layers hold no parameters
+        model = model.to(self.device).eval()
+        self.model = model if quantize is None else quantize_int8(model)
 
     @property
     def model_config(self) -> ModelConfig:
@@ -364,14 +405,18 @@ class Translator(BaseTranslator):
 
     @property
     def num_parameters(self) -> int:
-        return self.model.num_parameters()
+        """The float32 model's parameter count (also where its layers run in int8)."""
+        return self._num_parameters
 
     @classmethod
     def load(cls, checkpoint: PathLike | Sequence[PathLike],
-             device: str | torch.device = "auto") -> Translator:
+             device: str | torch.device = "auto", *,
+             quantize: str | None = None) -> Translator:
         """Load a checkpoint file or run directory; several are averaged (same model config,
-        the first one's tokenizer and settings). Raises CheckpointError with a one-line
-        message."""
+        the first one's tokenizer and settings). `quantize="int8"`: the loaded (averaged)
+        model's linear layers in int8, on the CPU (see `Translator`). Raises CheckpointError
+        or ConfigError with a one-line message."""
+        check_quantize(quantize, resolve_device(device))  # before reading the checkpoint
         paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
         files = [resolve_checkpoint(p) for p in paths]
         state = load_checkpoint(files[0]) if len(files) == 1 else average_weights(files)
@@ -380,7 +425,7 @@ class Translator(BaseTranslator):
         model = model_from_checkpoint(state, name)
         check_tokenizers(model.config, tokenizers, name)
         return cls(model, tokenizers, device, decoding=stored_decoding(state, name),
-                   training_config=stored_training_config(state, name))
+                   training_config=stored_training_config(state, name), quantize=quantize)
 
     def _score(self, sources: list[list[int]], targets: list[list[int]], *,
                max_tokens: int) -> list[float]:

@@ -84,15 +84,16 @@ def _lines(path: Path) -> Iterator[str]:
 @dataclass(frozen=True)
 class BacktranslationSettings:
     """What decides a back-translation's output, recorded with its progress so that a run
-    resumes only what the same settings began: the model (as given) and its engine, the
-    decoding request, and the chunks and batches the lines are drawn in (sampling draws
-    depend on the batches)."""
+    resumes only what the same settings began: the model (as given), its engine and whether
+    that runs in int8 (`quantize`), the decoding request, and the chunks and batches the
+    lines are drawn in (sampling draws depend on the batches)."""
 
     model: str
     engine: str
     request: DecodingRequest
     chunk_lines: int = 10_000
     max_tokens: int = DEFAULT_MAX_TOKENS
+    quantize: str | None = None  # `Translator`'s: outputs differ slightly from float32's
 
     def record(self) -> dict[str, Any]:
         """The settings as the progress record stores them (JSON values)."""

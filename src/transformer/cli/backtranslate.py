@@ -1,8 +1,8 @@
 """Back-translate monolingual target-side text into a synthetic parallel corpus.
 
     transformer backtranslate --checkpoint REVERSE_MODEL --input MONO --output OUT
-        [--engine auto|torch|ctranslate2] [--sampling-topk 10] [--seed 1] [--beam-size N]
-        [--chunk-lines 10000] [--max-tokens N] [--src-lang L] [--tgt-lang L]
+        [--engine auto|torch|ctranslate2] [--quantize int8] [--sampling-topk 10] [--seed 1]
+        [--beam-size N] [--chunk-lines 10000] [--max-tokens N] [--src-lang L] [--tgt-lang L]
         [--name bt] [--tag '<bt>'] [--weight 1.0] [--config-fragment FILE]
 
 REVERSE_MODEL translates the target language into the source language (a run directory or
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> None:
     request = decoding_request(_sampling_by_default(args), translator)
     settings = BacktranslationSettings(str(Path(args.checkpoint).resolve()),
                                        translator.engine, request, args.chunk_lines,
-                                       args.max_tokens)
+                                       args.max_tokens, translator.quantize)
     progress = resume_point(args.input, args.output, settings)
     seeds = " (each chunk's drawn from it and the chunk's number)" if request.sampling else ""
     resumed = f"; resuming after line {progress.lines:,}" if progress.lines else ""

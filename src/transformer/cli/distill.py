@@ -2,7 +2,7 @@
 
     transformer distill --checkpoint TEACHER --source SRC --reference REF --output OUT
         [--nbest 8] [--beam-size N] [--drop-worst 0.0 [--output-source FILE]]
-        [--engine torch|ctranslate2] [--chunk-lines 10000] [--max-tokens N]
+        [--engine torch|ctranslate2] [--quantize int8] [--chunk-lines 10000] [--max-tokens N]
         [--alpha A] [--target-lang LANG]
 
 Sequence-level knowledge distillation (Kim and Rush 2016): the teacher translates each line

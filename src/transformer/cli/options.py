@@ -1,9 +1,9 @@
 """Options that several commands share, declared once: the model to load (`--checkpoint`,
-`--engine`, `--device`, `--threads`), `--max-tokens`, the decoding options (the fields of
-`decoding.DecodingRequest`, spelled as options: `nbest` is `--nbest`, `target_lang`
-`--target-lang`; `describe_decoding` says what a request does), and the evaluation data of
-the commands that score a model (`--data`, `--src`, `--ref`, ...); the checks several
-commands make of their options (`check_counts`, `check_outputs`).
+`--engine`, `--quantize`, `--device`, `--threads`), `--max-tokens`, the decoding options
+(the fields of `decoding.DecodingRequest`, spelled as options: `nbest` is `--nbest`,
+`target_lang` `--target-lang`; `describe_decoding` says what a request does), and the
+evaluation data of the commands that score a model (`--data`, `--src`, `--ref`, ...); the
+checks several commands make of their options (`check_counts`, `check_outputs`).
 
     add_model_options(parser)                      # then: load_model(args)
     add_decoding_options(parser)                   # then: decoding_request(args, translator)
@@ -25,7 +25,7 @@ from ..errors import ConfigError
 from ..evaluation import evaluation_text
 from ..search import DEFAULT_MAX_TOKENS
 from ..text import ParallelText
-from ..translator import BaseTranslator, Translator
+from ..translator import QUANTIZE, BaseTranslator, Translator
 
 __all__ = ["add_model_options", "add_device_options", "add_max_tokens", "add_chunk_lines",
            "check_counts", "check_outputs", "load_model", "add_decoding_options",
@@ -37,7 +37,8 @@ __all__ = ["add_model_options", "add_device_options", "add_max_tokens", "add_chu
 def add_model_options(parser: argparse.ArgumentParser, *, several: bool = False,
                       engines: bool = False) -> None:
     """`--checkpoint` (one, or with `several` several to average), with `engines` `--engine`
-    (whose export `--checkpoint` then names), and `add_device_options`."""
+    (whose export `--checkpoint` then names), `--quantize` (our engine's int8 layers), and
+    `add_device_options`."""
     parser.add_argument("--checkpoint", nargs="+" if several else None, required=True,
                         metavar="RUN_DIR_OR_PT",
                         help="checkpoint file or run directory (its best checkpoint)"
@@ -49,6 +50,11 @@ def add_model_options(parser: argparse.ArgumentParser, *, several: bool = False,
                             help="auto (default: ctranslate2 for an export directory, else "
                                  "torch), torch (our PyTorch model) or ctranslate2 (a model "
                                  "exported by transformer export; needs the export extra)")
+    parser.add_argument("--quantize", choices=QUANTIZE,
+                        help="int8: our engine's linear layers in int8 (PyTorch's dynamic "
+                             "quantization; CPU only), translations close to float32's; "
+                             "CTranslate2 chooses its type at export (transformer export "
+                             "--quantization int8)")
     add_device_options(parser)
 
 
@@ -105,7 +111,7 @@ def check_outputs(args: argparse.Namespace, inputs: Sequence[str],
 def load_model(args: argparse.Namespace) -> BaseTranslator:
     """The translator `add_model_options`' options name (`engines.load_translator`)."""
     return load_translator(args.checkpoint, getattr(args, "engine", "torch"),
-                           device=args.device, threads=args.threads)
+                           device=args.device, threads=args.threads, quantize=args.quantize)
 
 
 def add_decoding_options(parser: argparse.ArgumentParser, *, nbest: bool = True,

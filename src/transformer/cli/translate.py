@@ -2,7 +2,7 @@
 
     transformer translate --checkpoint RUN_DIR_OR_PT [--input FILE] [--output FILE]
         [--beam-size 5] [--nbest 1] [--max-tokens N] [--device auto] [--threads N]
-        [--engine torch|ctranslate2] [--target-lang LANG] [--reference FILE]
+        [--engine torch|ctranslate2] [--quantize int8] [--target-lang LANG] [--reference FILE]
         [--paper-protocol TOKENIZED_REFERENCE [--paper-lang de]]
         [--sampling-topk K] [--sampling-topp P] [--temperature T] [--seed S]
         [--prefix FILE] [--alignment [--alignment-layer L] [--alignment-head H]]
@@ -11,6 +11,9 @@
 
 `--engine ctranslate2` translates with CTranslate2 from a directory written by
 `transformer export` (given as `--checkpoint`), with the same options and output.
+`--quantize int8` runs our engine's linear layers in int8 (PyTorch's dynamic quantization,
+CPU only): translations close to float32's, not always the same; CTranslate2 chooses its
+type at export instead (`transformer export --quantization int8`).
 
 One translation per input line, in input order (an empty line gives an empty line). Beam
 size and length penalty default to those stored in the checkpoint by
