@@ -17,7 +17,10 @@ Arms (`--arms`, one training at a time):
   (`optim.warmup_fraction=0.25`);
 - `linear`: warmup, then linear decay to zero over the whole budget
   (`optim.schedule=constant optim.cooldown=1.0`);
-- `recipe_4k`: the recipe with batches of 4,096 tokens and dropout 0.1 (twice the updates).
+- `recipe_4k`: the recipe with batches of 4,096 tokens and dropout 0.1 (twice the updates);
+- `small_2k`, `small_1k`: more, smaller updates for a small budget: batches of 2,048 / 1,024
+  tokens (4x / 8x the updates), dropout 0.1, the peak lr lowered with the batch (0.002 /
+  0.0014) and the warmup a share of the planned updates (15% / 10%).
 
     python bench/budget.py --root ../shared/data/multi30k --out runs/budget \\
         --tokens 5500000 --arms cut recipe
@@ -44,6 +47,10 @@ ARMS = {
     "short_warmup": ["optim.warmup_fraction=0.25"],
     "linear": ["optim.schedule=constant", "optim.cooldown=1.0"],
     "recipe_4k": ["data.max_tokens=4096", "model.dropout=0.1"],
+    "small_2k": ["data.max_tokens=2048", "model.dropout=0.1", "optim.lr=0.002",
+                 "optim.warmup_fraction=0.15"],
+    "small_1k": ["data.max_tokens=1024", "model.dropout=0.1", "optim.lr=0.0014",
+                 "optim.warmup_fraction=0.1"],
 }
 
 
