@@ -20,7 +20,9 @@ Arms (`--arms`, one training at a time):
 - `recipe_4k`: the recipe with batches of 4,096 tokens and dropout 0.1 (twice the updates);
 - `small_2k`, `small_1k`: more, smaller updates for a small budget: batches of 2,048 / 1,024
   tokens (4x / 8x the updates), dropout 0.1, the peak lr lowered with the batch (0.002 /
-  0.0014) and the warmup a share of the planned updates (15% / 10%).
+  0.0014) and the warmup a share of the planned updates (15% / 10%);
+- `mid_4k`: between those and the recipe, for a middle budget (20M target tokens): batches
+  of 4,096 tokens, dropout 0.2, lr 0.003, the warmup 15% of the planned updates.
 
     python bench/budget.py --root ../shared/data/multi30k --out runs/budget \\
         --tokens 5500000 --arms cut recipe
@@ -51,6 +53,8 @@ ARMS = {
                  "optim.warmup_fraction=0.15"],
     "small_1k": ["data.max_tokens=1024", "model.dropout=0.1", "optim.lr=0.0014",
                  "optim.warmup_fraction=0.1"],
+    "mid_4k": ["data.max_tokens=4096", "model.dropout=0.2", "optim.lr=0.003",
+               "optim.warmup_fraction=0.15"],
 }
 
 
