@@ -52,6 +52,7 @@ from memory import reset_peak_rss, status_mib  # bench/memory.py
 from transformer.engines import load_translator
 from transformer.export import VOCAB_MAP, export_ctranslate2
 from transformer.multi30k import DEFAULT_ROOT, download_multi30k
+from transformer.runtime import cpu_has_native_bf16
 from transformer.search import DEFAULT_MAX_TOKENS
 from transformer.text import read_lines
 from transformer.translator import Translator
@@ -97,7 +98,8 @@ FLOAT32_MAX_BLEU_DIFF = 0.2
 
 def cpu_description() -> str:
     """The CPU's name (/proc/cpuinfo's "model name", else `platform.processor()`) and what
-    PyTorch's CPU kernels use on it: its capability (e.g. AVX512) and native bf16."""
+    PyTorch's CPU kernels use on it: its capability (e.g. AVX512) and native bf16
+    (`runtime.cpu_has_native_bf16`, the probe `precision: auto` decides by)."""
     name = platform.processor() or "unknown CPU"
     try:
         with open("/proc/cpuinfo") as f:
@@ -106,7 +108,7 @@ def cpu_description() -> str:
     except OSError:
         pass
     return (f"CPU: {name}; torch CPU capability {torch.backends.cpu.get_cpu_capability()}, "
-            f"AVX512-BF16 {torch.cpu._is_avx512_bf16_supported()}")
+            f"native bf16 (AVX512-BF16 or AMX) {cpu_has_native_bf16()}")
 
 
 def test_lines(root: str, lang: str) -> list[str]:
