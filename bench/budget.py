@@ -8,24 +8,29 @@ arm) and with its last checkpoint; cased sacreBLEU, chrF and the paper protocol 
 scoring: lowercased, Moses-tokenized, `--tokenize none` against the dataset's tok reference).
 
 Arms (`--arms`, one training at a time):
-- `cut`: the recipe's schedule as it was before it knew its budget (2,000 warmup updates,
-  then inverse sqrt, no cooldown: `optim.warmup_fraction=null optim.cooldown=0`), cut where
-  the budget ends;
-- `recipe`: the recipe as it is (2,000 warmup updates, inverse sqrt, the cooldown over the
-  last 20% of the budget);
-- `short_warmup`: the recipe with its warmup cut to a quarter of the planned updates
+- `recipe`: the recipe as it is: its batch size, dropout, lr and warmup chosen by the budget
+  (`schedule.BUDGET_SETTINGS`), the cooldown over the last 20% of the budget;
+- `wu_settings`: the recipe with Wu et al.'s settings at any budget (batches of 8,192
+  tokens, dropout 0.3, lr 0.005, 2,000 warmup updates, then inverse sqrt), the cooldown;
+- `cut`: those settings and the schedule as it was before it knew its budget (no cooldown:
+  `optim.warmup_fraction=null optim.cooldown=0`), cut where the budget ends;
+- `short_warmup`: `wu_settings` with the warmup cut to a quarter of the planned updates
   (`optim.warmup_fraction=0.25`);
-- `linear`: warmup, then linear decay to zero over the whole budget
+- `linear`: `wu_settings` with warmup, then linear decay to zero over the whole budget
   (`optim.schedule=constant optim.cooldown=1.0`);
-- `recipe_4k`: the recipe with batches of 4,096 tokens and dropout 0.1 (twice the updates);
+- `recipe_4k`: `wu_settings` with batches of 4,096 tokens and dropout 0.1 (twice the updates);
 - `small_2k`, `small_1k`: more, smaller updates for a small budget: batches of 2,048 / 1,024
   tokens (4x / 8x the updates), dropout 0.1, the peak lr lowered with the batch (0.002 /
   0.0014) and the warmup a share of the planned updates (15% / 10%);
 - `mid_4k`: between those and the recipe, for a middle budget (20M target tokens): batches
-  of 4,096 tokens, dropout 0.2, lr 0.003, the warmup 15% of the planned updates.
+  of 4,096 tokens, dropout 0.2, lr 0.003, the warmup 15% of the planned updates;
+- `tok`: the recipe on Wu et al.'s data (`data=multi30k_tok`: the dataset's lowercased,
+  Moses-tokenized files, 10,000 joint BPE pieces), translating tok/test_2016_flickr.lc.norm.
+  tok.en and scored as they scored: `--tokenize none` against the tokenized reference (its
+  "BLEU" and "paper" columns are the same number; chrF on the same text).
 
     python bench/budget.py --root ../shared/data/multi30k --out runs/budget \\
-        --tokens 5500000 --arms cut recipe
+        --tokens 5500000 --arms recipe wu_settings
 
 A finished arm is scored again without training. Results: OUT/results.json and a table;
 `transformer plot-curves OUT/cut OUT/recipe -o curves.png` draws their validation curves.
@@ -43,19 +48,23 @@ from pathlib import Path
 import sacrebleu
 
 HERE = Path(__file__).resolve().parent
+WU = ["data.max_tokens=8192", "model.dropout=0.3", "optim.lr=0.005"]  # Wu et al.'s settings
 ARMS = {
-    "cut": ["optim.warmup_fraction=null", "optim.cooldown=0"],
     "recipe": [],
-    "short_warmup": ["optim.warmup_fraction=0.25"],
-    "linear": ["optim.schedule=constant", "optim.cooldown=1.0"],
-    "recipe_4k": ["data.max_tokens=4096", "model.dropout=0.1"],
+    "cut": [*WU, "optim.warmup_fraction=null", "optim.cooldown=0"],
+    "wu_settings": WU,
+    "short_warmup": [*WU, "optim.warmup_fraction=0.25"],
+    "linear": [*WU, "optim.schedule=constant", "optim.cooldown=1.0"],
+    "recipe_4k": ["data.max_tokens=4096", "model.dropout=0.1", "optim.lr=0.005"],
     "small_2k": ["data.max_tokens=2048", "model.dropout=0.1", "optim.lr=0.002",
                  "optim.warmup_fraction=0.15"],
     "small_1k": ["data.max_tokens=1024", "model.dropout=0.1", "optim.lr=0.0014",
                  "optim.warmup_fraction=0.1"],
     "mid_4k": ["data.max_tokens=4096", "model.dropout=0.2", "optim.lr=0.003",
                "optim.warmup_fraction=0.15"],
+    "tok": ["data=multi30k_tok"],
 }
+TOKENIZED = {"tok"}  # arms that train on (and translate into) the tokenized lowercased text
 
 
 def budget(tokens: int, validate_every: int) -> list[str]:
@@ -86,17 +95,22 @@ def stopped(run_dir: Path) -> str | None:
                 None)
 
 
-def score(run_dir: Path, root: Path) -> dict:
+def score(run_dir: Path, root: Path, tokenized: bool = False) -> dict:
     """Test BLEU (cased, paper protocol) and chrF of the last-5 average and the last
-    checkpoint."""
+    checkpoint; a `tokenized` model's on the tokenized files, BLEU with `--tokenize none`."""
     from transformer.cli.reports import paper_protocol
 
     source = run_dir / "test.en"
-    source.write_text("\n".join(read_gz(root / "test_2016_flickr.en.gz")) + "\n",
-                      encoding="utf-8")
-    refs = read_gz(root / "test_2016_flickr.de.gz")
     tok_refs = (root / "tok/test_2016_flickr.lc.norm.tok.de").read_text(
         encoding="utf-8").split("\n")[:-1]
+    if tokenized:
+        source.write_text((root / "tok/test_2016_flickr.lc.norm.tok.en").read_text(
+            encoding="utf-8"), encoding="utf-8")
+        refs = tok_refs
+    else:
+        source.write_text("\n".join(read_gz(root / "test_2016_flickr.en.gz")) + "\n",
+                          encoding="utf-8")
+        refs = read_gz(root / "test_2016_flickr.de.gz")
     avg = run_dir / "avg5.pt"
     if not avg.is_file():
         run(["transformer", "average-checkpoints", str(run_dir / "checkpoints"), "--last", "5",
@@ -107,9 +121,11 @@ def score(run_dir: Path, root: Path) -> dict:
         run(["transformer", "translate", "--checkpoint", str(checkpoint), "--input",
              str(source), "--output", str(hyp), "--beam-size", "5"])
         hyps = hyp.read_text(encoding="utf-8").split("\n")[:-1]
-        paper = sacrebleu.corpus_bleu(paper_protocol(hyps, "de"), [tok_refs], tokenize="none",
-                                      force=True)
-        out[name] = {"bleu": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2),
+        paper = sacrebleu.corpus_bleu(hyps if tokenized else paper_protocol(hyps, "de"),
+                                      [tok_refs], tokenize="none", force=True)
+        bleu = sacrebleu.corpus_bleu(hyps, [refs], tokenize="none" if tokenized else "13a",
+                                     force=tokenized)
+        out[name] = {"bleu": round(bleu.score, 2),
                      "chrf": round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2),
                      "paper": round(paper.score, 2)}
     return out
@@ -123,7 +139,7 @@ def main() -> None:
                         help="the budget in target tokens (20M and 61M: the recipe's 30 and "
                              "90 minutes on a CPU with native bf16)")
     parser.add_argument("--validate-every", type=int, default=100)
-    parser.add_argument("--arms", nargs="+", default=["cut", "recipe"], choices=list(ARMS))
+    parser.add_argument("--arms", nargs="+", default=["recipe", "wu_settings"], choices=list(ARMS))
     args = parser.parse_args()
     root, out = args.root.resolve(), args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -137,7 +153,8 @@ def main() -> None:
                  *budget(args.tokens, args.validate_every), *ARMS[arm]], out / f"{arm}.log")
             print(f"{arm}: trained in {time.time() - start:.0f} s", flush=True)
         results[arm] = {"tokens": args.tokens, "overrides": ARMS[arm],
-                        "stopped": stopped(run_dir), "test": score(run_dir, root)}
+                        "stopped": stopped(run_dir),
+                        "test": score(run_dir, root, tokenized=arm in TOKENIZED)}
         results_path.write_text(json.dumps(results, indent=1))
         print(arm, json.dumps(results[arm]["test"]), flush=True)
     print("\narm         checkpoint   BLEU  paper   chrF")

@@ -38,11 +38,14 @@ LANGS = ("de", "fr", "cs")
 
 
 def recipe(updates: int) -> list[str]:
-    """The overrides every arm shares: the recipe cut to `updates`, with a linear cooldown
-    over its last third in updates (`optim.cooldown_updates`, the schedule every arm here
+    """The overrides every arm shares: the recipe cut to `updates`, with Wu et al.'s batch
+    size, dropout and lr (not the ones the budget would choose) and a linear cooldown over
+    its last third in updates (`optim.cooldown_updates`, the schedule every arm here
     trained with, not the recipe's share of the budget), validated at the end of every epoch
     in the last 400 updates."""
     return [f"trainer.max_updates={updates}", "trainer.max_time=null",
+            "trainer.max_target_tokens=null", "data.max_tokens=8192", "model.dropout=0.3",
+            "optim.lr=0.005",
             f"optim.cooldown_updates={updates // 3}", "optim.cooldown=0",
             "optim.warmup_fraction=null", "trainer.validate_after_budget=0",
             f"trainer.validate_after_updates={max(0, updates - 400)}",

@@ -49,7 +49,8 @@ TF32 494.7, float32 66.9), else n/a.
                                 [--max-tokens 4096 [one per size]] [--data-root DIR]
                                 [--device cpu|cuda] [--tf32] [--bf16]
                                 [--cudnn-attention on|off|both] [--peak-tflops T]
-                                [--compile] [--all-positions] [--unfused] [--no-memory]
+                                [--compile] [--compiled-ours] [--all-positions] [--unfused]
+                                [--no-memory]
 
 On a shared machine, OpenMP's spin-waiting threads slow everything down by up to 10x when
 another process holds a core; OMP_WAIT_POLICY=PASSIVE keeps absolute numbers meaningful
@@ -176,13 +177,16 @@ def train_flops(c: ModelConfig, b: Batch) -> float:
 
 def build(kind: str, size: str, vocab: int, compile_model: bool, device: str = "cpu",
           bf16: bool = False) -> Contender:
-    """One contender: kind ours, ref, ours_all (projection over all positions) or
-    ours_logits (logits + nn.CrossEntropyLoss), under bf16 autocast if `bf16`."""
+    """One contender: kind ours, ref, ours_all (projection over all positions),
+    ours_logits (logits + nn.CrossEntropyLoss) or ours_compiled (ours through torch.compile,
+    as `trainer.compile=true` trains), under bf16 autocast if `bf16`."""
     config = model_config(size, vocab)
     torch.manual_seed(0)
     model = (ReferenceModel(config) if kind == "ref" else Transformer(config)).to(device)
     model.train()
-    wrapped = LabelSmoothedLoss(model, 0.1) if kind == "ours" else model  # ours: -> loss
+    fused = kind in ("ours", "ours_compiled")
+    wrapped = LabelSmoothedLoss(model, 0.1) if fused else model  # ours: -> loss
+    compile_model = compile_model or kind == "ours_compiled"
     run = torch.compile(wrapped, dynamic=True) if compile_model else wrapped
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=True)
     autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16)
@@ -190,7 +194,7 @@ def build(kind: str, size: str, vocab: int, compile_model: bool, device: str = "
 
     def step(b: Batch) -> None:
         with autocast:
-            if kind == "ours":
+            if fused:
                 loss = run(b.src, b.src_valid_lens, b.tgt_in, b.tgt_out, b.tgt_index)
             elif kind == "ours_logits":
                 mask = b.tgt_out != PAD_ID
@@ -231,18 +235,22 @@ def time_size(size: str, data: Data, steps: int, warmup: int, compile_model: boo
               settings: tuple[Setting, ...] = (Setting(),),
               extra_kinds: tuple[str, ...] = ()) -> dict:
     """Alternate the contenders (each kind under each setting, `extra_kinds` under the first
-    setting only) over the same batches: seconds, peak GPU bytes (CUDA) and the totals of
-    target tokens and training FLOPs of the timed batches."""
+    setting only, ours_compiled among them under every setting) over the same batches:
+    seconds (timed steps; `warmup_seconds`: the warm-up steps, a compilation's cost), peak
+    GPU bytes (CUDA) and the totals of target tokens and training FLOPs of the timed
+    batches."""
     cpu_batches = [data.train.collate(i) for i in data.train_batches(1)[: warmup + steps]]
     batches = [b.to(device) for b in cpu_batches]
     vocab = data.tokenizers.src.vocab_size
     keys = [(kind, s) for s in settings for kind in kinds]
-    keys += [(kind, settings[0]) for kind in extra_kinds]
+    keys += [(kind, s) for kind in extra_kinds
+             for s in (settings if kind == "ours_compiled" else settings[:1])]
     contenders = {key: build(key[0], size, vocab, compile_model, device,
                              bf16=key[1].precision == "bf16") for key in keys}
     cuda = device.startswith("cuda")
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     seconds, growth = dict.fromkeys(contenders, 0.0), dict.fromkeys(contenders, 0)
+    warmup_seconds = dict.fromkeys(contenders, 0.0)
     for i, batch in enumerate(batches):
         for key, contender in contenders.items():
             key[1].apply(device)
@@ -255,11 +263,13 @@ def time_size(size: str, data: Data, steps: int, warmup: int, compile_model: boo
             sync()
             if i >= warmup:
                 seconds[key] += time.perf_counter() - start
+            else:
+                warmup_seconds[key] += time.perf_counter() - start
             if cuda:
                 growth[key] = max(growth[key], torch.cuda.max_memory_allocated(device) - before)
     timed = cpu_batches[warmup:]
     config = model_config(size, vocab)
-    return {"seconds": seconds, "steps": steps,
+    return {"seconds": seconds, "warmup_seconds": warmup_seconds, "steps": steps,
             "gpu_bytes": ({key: c.state_bytes() + growth[key] for key, c in contenders.items()}
                           if cuda else {}),
             "tokens": sum(b.num_tgt_tokens for b in timed),
@@ -307,6 +317,10 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small"])
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile both models (slow first steps: raise --warmup)")
+    parser.add_argument("--compiled-ours", action="store_true",
+                        help="also time ours through torch.compile (trainer.compile=true) "
+                             "under every precision: the ratio to eager ours, and the "
+                             "warm-up steps' seconds (what compiling costs a budget)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak RSS runs")
     parser.add_argument("--all-positions", action="store_true",
                         help="also time ours with the projection over all positions")
@@ -342,7 +356,8 @@ def main() -> None:
     precisions = ["fp32"] + ["tf32"] * args.tf32 + ["bf16"] * args.bf16
     cudnn = {"on": [True], "off": [False], "both": [True, False]}[args.cudnn_attention]
     settings = tuple(Setting(p, c) for p in precisions for c in cudnn)
-    extra_kinds = ("ours_all",) * args.all_positions + ("ours_logits",) * args.unfused
+    extra_kinds = (("ours_all",) * args.all_positions + ("ours_logits",) * args.unfused
+                   + ("ours_compiled",) * args.compiled_ours)
     where = (torch.cuda.get_device_name(args.device) if cuda
              else f"CPU, {torch.get_num_threads()} threads")
     tokens = (", ".join(f"{n} ({size})" for size, n in max_tokens.items())
@@ -390,6 +405,12 @@ def main() -> None:
             print(f"  ({size}: ours with logits + nn.CrossEntropyLoss: "
                   f"{n / s['ours_logits', first]:.0f} tok/s; fused/unfused speed "
                   f"{s['ours_logits', first] / s['ours', first]:.2f}x)")
+        if args.compiled_ours:
+            print(f"  ({size}: ours compiled vs eager: " + "; ".join(
+                f"{p.label(len(cudnn) > 1)} {s['ours', p] / s['ours_compiled', p]:.2f}x "
+                f"({n / s['ours_compiled', p]:.0f} tok/s; its {args.warmup} warm-up steps "
+                f"{r['warmup_seconds']['ours_compiled', p]:.1f} s, eager's "
+                f"{r['warmup_seconds']['ours', p]:.1f} s)" for p in settings) + ")")
     print(header, *rows, sep="\n")
 
 

@@ -19,22 +19,28 @@ from transformer.config import (
 )
 from transformer.errors import ConfigError
 from transformer.model import Hyperparameters, ModelConfig
+from transformer.schedule import Budget, budget_settings, fit_to_budget
 
 
 def test_default_is_wu_et_als_recipe_fitted_to_its_budget_with_automatic_precision():
-    """The default recipe trains what multi30k_paper (Wu et al. as published) trains, with
-    their schedule fitted to the budget: their 2,000 warmup updates, then a cooldown over
-    the last 20% of whichever limit comes first; precision auto (bf16 where the hardware
-    has it), a 90-minute limit and a sparse validation curve."""
+    """The default recipe trains multi30k_paper's model (Wu et al. as published) on their
+    token budget, with the batch size, dropout and lr left to the budget (at their budget:
+    theirs) and their schedule fitted to it: their 2,000 warmup updates, then a cooldown
+    over the last 20% of whichever limit comes first; precision auto (bf16 where the
+    hardware has it), a 90-minute limit and a sparse validation curve."""
     cfg, paper = compose_config(), compose_config(["experiment=multi30k_paper"])
     assert isinstance(cfg, TrainConfig) and cfg.data.name == "multi30k"
-    assert (cfg.model, cfg.data, cfg.seed) == (paper.model, paper.data, paper.seed)
-    assert cfg.optim == replace(paper.optim, cooldown=0.2)
+    assert (cfg.data.max_tokens, cfg.model.dropout, cfg.optim.lr) == (None, None, None)
+    at_their_budget = fit_to_budget(cfg, budget_settings(Budget.of(cfg)))
+    assert (at_their_budget.model, at_their_budget.data, cfg.seed) == (
+        paper.model, paper.data, paper.seed)
+    assert at_their_budget.optim == replace(paper.optim, cooldown=0.2)
     t, p = cfg.trainer, paper.trainer
-    assert (t.max_updates, t.keep_last, t.validate_every_epoch) == (
-        p.max_updates, p.keep_last, p.validate_every_epoch) == (8000, 10, True)
+    assert (t.max_updates, t.max_target_tokens, t.keep_last, t.validate_every_epoch) == (
+        None, 61_000_000, p.keep_last, p.validate_every_epoch)
+    assert 0.99 < t.max_target_tokens / (p.max_updates * 8192 * 0.93) < 1.01  # ~8,000 updates
     assert (t.precision, t.max_time) == ("auto", 5300)  # 90 minutes with data preparation
-    assert 0 < t.validate_every_updates < t.max_updates and t.validate_after_budget == 0.9
+    assert 0 < t.validate_every_updates < p.max_updates and t.validate_after_budget == 0.9
 
 
 def test_paper_experiment_is_wu_et_al_as_published():
@@ -95,7 +101,7 @@ def test_model_schema_is_the_models_own_hyperparameters():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("optim.lr=-1", "optim.lr must be > 0, got -1"),
+    ("optim.lr=-1", "optim.lr must be > 0 or null, got -1"),
     ("optim.betas=[0.9,1.5]", "optim.betas"),
     ("optim.label_smoothing=1.0", "optim.label_smoothing"),
     ("optim.update_freq=0", "optim.update_freq"),
@@ -148,7 +154,7 @@ def test_cli_fails_fast_on_a_bad_value(tmp_path, capsys):
                   "data.root=/nonexistent"])
     err = capsys.readouterr().err
     assert exited.value.code == 1
-    assert err.splitlines()[-1] == "error: optim.lr must be > 0, got -1.0"
+    assert err.splitlines()[-1] == "error: optim.lr must be > 0 or null, got -1.0"
     assert "Traceback" not in err
     assert not (tmp_path / "run" / "checkpoints").exists()
 
@@ -177,8 +183,8 @@ def test_data_files_does_not_take_the_multi30k_schedule():
     cfg = compose_config(FILES + ["trainer.max_updates=3"])
     assert cfg.optim.cooldown_updates == 0 and cfg.trainer.max_updates == 3
     assert cfg.optim.lr == OptimConfig().lr and cfg.optim.warmup_updates == 4000
-    recipe = compose_config()  # data=multi30k keeps its recipe
-    assert (recipe.optim.lr, recipe.optim.warmup_updates) == (0.005, 2000)
+    recipe = compose_config()  # data=multi30k keeps its recipe (lr chosen by the budget)
+    assert (recipe.optim.lr, recipe.optim.warmup_updates) == (None, 2000)
 
 
 def test_large_experiment_counts_in_updates():

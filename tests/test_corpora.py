@@ -226,7 +226,7 @@ def test_the_multilingual_preset_names_three_pairs_under_data_root():
     assert cfg.data.reserved_tags() == ["<2cs>", "<2de>", "<2fr>"]
     assert [e.tgt_lang for e in cfg.data.evaluation_sets("test")] == ["de", "fr", "cs"]
     assert cfg.data.languages() == ["cs", "de", "en", "fr"]  # what Multi30k downloads
-    assert cfg.optim.lr == 0.005 and cfg.trainer.max_updates == 8000  # the recipe's
+    assert cfg.optim.lr is None and cfg.trainer.max_target_tokens == 61_000_000  # the recipe's
 
 
 def test_a_changed_filter_makes_a_new_store_and_an_unchanged_one_is_reused(

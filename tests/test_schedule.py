@@ -1,11 +1,13 @@
 """The learning-rate schedule fitted to a budget (schedule.py): its factor against the
-formulas, the plan, and training runs limited by time (on a simulated clock whose speed
-changes mid-run), by target tokens and by updates, killed and resumed in the cooldown."""
+formulas, the plan, the batch size, dropout and lr chosen by the budget, and training runs
+limited by time (on a simulated clock whose speed changes mid-run), by target tokens and by
+updates, killed and resumed in the cooldown."""
 
 from __future__ import annotations
 
 import logging
 import math
+import shutil
 from itertools import pairwise
 
 import pytest
@@ -14,7 +16,14 @@ from transformer import checkpoint as ckpt
 from transformer.config import compose_config
 from transformer.errors import ConfigError
 from transformer.runtime import DistEnv
-from transformer.schedule import Budget, Schedule, lr_lambda
+from transformer.schedule import (
+    BUDGET_SETTINGS,
+    Budget,
+    Schedule,
+    budget_settings,
+    fit_to_budget,
+    lr_lambda,
+)
 from transformer.training import Trainer, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
@@ -31,7 +40,8 @@ def small(multi30k_dir, spm_model) -> list[str]:
         "model.num_decoder_layers=2", "model.num_heads=2", "model.dropout=0.1",
         "optim.lr=0.002", "optim.warmup_updates=10", "optim.schedule=inverse_sqrt",
         "optim.cooldown_updates=0", "optim.cooldown=0.2", "optim.warmup_fraction=null",
-        "trainer.max_updates=null", "trainer.max_time=null", "trainer.precision=fp32",
+        "trainer.max_updates=null", "trainer.max_time=null", "trainer.max_target_tokens=null",
+        "trainer.precision=fp32",
         "trainer.bleu_max_sentences=8", "trainer.log_every_updates=1", "trainer.keep_last=2",
         "trainer.validate_every_updates=0", "trainer.validate_after_updates=0",
         "trainer.validate_every_epoch=true", "trainer.prefetch_batches=0",
@@ -236,3 +246,116 @@ def test_validation_waits_for_the_share_of_the_budget(tmp_path, small):
     assert numbered and numbered[-1] == 60 == result.state.num_updates
     assert min(numbered) >= 36  # epochs ending before 60% of 60 updates only saved last
     assert len(numbered) >= 2
+
+
+# ---- the settings chosen by the budget ---------------------------------------------------
+
+
+@pytest.mark.parametrize("budget, speed, batch", [
+    (Budget(max_target_tokens=5_500_000), None, 2048),
+    (Budget(max_target_tokens=20_000_000), None, 4096),
+    (Budget(max_target_tokens=61_000_000), None, 8192),
+    (Budget(max_target_tokens=61_000_000, max_time=1800), 3_000, 2048),  # 5.4M tokens
+    (Budget(max_target_tokens=61_000_000, max_time=1800), 8_000, 2048),  # 14.4M
+    (Budget(max_target_tokens=61_000_000, max_time=1800), 12_000, 4096),  # 21.6M
+    (Budget(max_target_tokens=61_000_000, max_time=5300), 8_000, 4096),  # 42.4M
+    (Budget(max_target_tokens=61_000_000, max_time=5300), 12_000, 8192),  # 61M of 63.6M
+    (Budget(max_time=5300), 8_000, 4096),
+    (Budget(max_updates=1000), None, 2048),  # at most 4.1M tokens in 4,096-token batches
+    (Budget(max_updates=8000), None, 8192),  # Wu et al.'s 8,000 updates
+    (Budget(), None, 8192),  # no limit in tokens: the settings for the largest budgets
+])
+def test_the_budget_chooses_the_row_for_the_tokens_it_allows(budget, speed, batch):
+    assert budget_settings(budget, speed).update_tokens == batch
+
+
+def test_the_rows_grow_with_the_budget():
+    rows = BUDGET_SETTINGS
+    assert rows[0].from_tokens == 0
+    for key in ("from_tokens", "update_tokens", "dropout", "lr"):
+        values = [getattr(row, key) for row in rows]
+        assert values == sorted(values) and len(set(values)) == len(values), key
+
+
+@pytest.mark.parametrize("tokens, settings", [
+    (5_500_000, ["data.max_tokens=2048", "model.dropout=0.1", "optim.lr=0.002",
+                 "optim.warmup_fraction=0.15"]),
+    (20_000_000, ["data.max_tokens=4096", "model.dropout=0.2", "optim.lr=0.003",
+                  "optim.warmup_fraction=0.15"]),
+    (61_000_000, ["data.max_tokens=8192", "model.dropout=0.3", "optim.lr=0.005"]),
+])
+def test_the_recipe_at_a_token_budget_is_the_run_measured_there(tokens, settings):
+    """The rows are the runs of docs/RESULTS.md ("Budgets": bench/budget.py's small_2k and
+    mid_4k arms, Wu et al.'s settings): the recipe filled in at their budgets is the config
+    those runs trained with, key for key."""
+    recipe = compose_config([f"trainer.max_target_tokens={tokens}"])
+    measured = compose_config([f"trainer.max_target_tokens={tokens}", *settings])
+    assert fit_to_budget(recipe, budget_settings(Budget.of(recipe))) == measured
+
+
+def test_the_budget_fills_only_what_the_config_leaves_null():
+    recipe = compose_config(["trainer.max_target_tokens=5500000"])
+    assert (recipe.data.max_tokens, recipe.model.dropout, recipe.optim.lr) == (None,) * 3
+    row = budget_settings(Budget.of(recipe))
+    cfg = fit_to_budget(recipe, row)
+    assert (cfg.data.max_tokens, cfg.model.dropout, cfg.optim.lr,
+            cfg.optim.warmup_fraction) == (2048, 0.1, 0.002, 0.15)
+    assert cfg.optim.warmup_updates == 2000 and cfg.trainer == recipe.trainer
+    given = compose_config(["trainer.max_target_tokens=5500000", "data.max_tokens=4096",
+                            "optim.warmup_fraction=0.3", "optim.update_freq=2"])
+    cfg = fit_to_budget(given, row, world_size=2)
+    assert (cfg.data.max_tokens, cfg.model.dropout, cfg.optim.lr,
+            cfg.optim.warmup_fraction) == (4096, 0.1, 0.002, 0.3)
+    split = fit_to_budget(compose_config(["trainer.max_target_tokens=5500000",
+                                          "optim.update_freq=2", "data.max_len=128"]),
+                          row, world_size=2)
+    assert split.data.max_tokens == 512  # 2,048 tokens an update over 2 ranks x 2 batches
+    tiny = fit_to_budget(compose_config(["trainer.max_target_tokens=5500000",
+                                         "optim.update_freq=4"]), row, world_size=4)
+    assert tiny.data.max_tokens == tiny.data.max_len == 256  # never below the longest pair
+
+
+def test_a_time_budget_measures_the_speed_then_keeps_its_settings_when_resumed(
+        tmp_path, small, monkeypatch, caplog):
+    """Leaving the batch size, dropout and lr to a time budget: the trainer measures its
+    speed (on this machine; the probe's seconds count against the budget), chooses the row,
+    writes it in config.yaml and the checkpoints; resumed on a machine that measures
+    otherwise, it keeps the row it started with."""
+    leave = ["data.max_tokens=null", "model.dropout=null", "optim.lr=null",
+             "optim.warmup_updates=2000"]
+    cfg = compose_config(small + leave + ["trainer.max_time=300"])
+    with caplog.at_level(logging.INFO, logger="transformer.training"):
+        measured = Trainer(cfg, tmp_path / "measured", DistEnv())
+    measured.close()
+    speed = measured._tokens_per_second
+    assert speed > 0 and measured.state.train_time > 0
+    assert measured.budget_settings == budget_settings(Budget.of(cfg), speed)
+    assert f"{speed:,.0f} target tokens/s measured" in caplog.text
+
+    monkeypatch.setattr(Trainer, "_measure_speed", lambda self: 1e6)  # 300M tokens: Wu's
+    first = simulated_trainer(cfg, tmp_path / "b", slows_down, stop_after=40)
+    assert first.fit().stop_reason == "signal"
+    first.close()
+    large = BUDGET_SETTINGS[-1]
+    assert first.budget_settings == large
+    assert (first.cfg.data.max_tokens, first.cfg.model.dropout, first.cfg.optim.lr) == (
+        large.update_tokens, large.dropout, large.lr)
+    written = (tmp_path / "b/config.yaml").read_text()
+    assert f"max_tokens: {large.update_tokens}" in written and f"lr: {large.lr}" in written
+    saved = ckpt.load_checkpoint(tmp_path / "b/checkpoints/checkpoint_last.pt")
+    assert saved["budget_settings"]["update_tokens"] == large.update_tokens
+
+    def slower(self):
+        raise AssertionError("a resumed run measures nothing")
+
+    monkeypatch.setattr(Trainer, "_measure_speed", slower)
+    shutil.copytree(tmp_path / "b", tmp_path / "older")  # as an older version saved it:
+    del saved["budget_settings"]  # no row, only the config it trained with
+    ckpt.save_checkpoint(saved, tmp_path / "older/checkpoints/checkpoint_last.pt")
+    older = Trainer(cfg, tmp_path / "older", DistEnv())
+    older.close()
+    assert older.cfg == first.cfg
+    second = simulated_trainer(cfg, tmp_path / "b", slows_down)
+    assert second.budget_settings == large and second.cfg == first.cfg
+    assert second.fit().stop_reason == "max_time"
+    second.close()

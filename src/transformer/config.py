@@ -75,13 +75,16 @@ class ModelSettings(Hyperparameters):
     at run time (see `to_model_config`)."""
 
     name: str = "base"
+    dropout: float | None = 0.1  # null: chosen by the budget (schedule.BUDGET_SETTINGS)
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        """ModelConfig's own checks (they name `model.<field>`)."""
-        self.to_model_config(src_vocab_size=8, tgt_vocab_size=8, share_embeddings=True)
+        """ModelConfig's own checks (they name `model.<field>`); a null dropout is checked
+        when the budget fills it in."""
+        settings = self if self.dropout is not None else dataclasses.replace(self, dropout=0.0)
+        settings.to_model_config(src_vocab_size=8, tgt_vocab_size=8, share_embeddings=True)
 
     def to_model_config(self, src_vocab_size: int, tgt_vocab_size: int,
                         share_embeddings: bool,
@@ -236,7 +239,7 @@ class DataConfig:
     joint_vocab: bool = True  # one SentencePiece model for both sides
     spm_model: str | None = None  # an existing .model to use instead of training one
     max_len: int = 256
-    max_tokens: int = 4096
+    max_tokens: int | None = 4096  # per batch and side; null: chosen by the budget
     seed: int = 1
     max_train_pairs: int | None = None  # use only the first N training pairs (smoke runs)
     spm_max_sentences: int = 500_000  # SentencePiece trains on a seeded sample of N pairs
@@ -344,6 +347,8 @@ class DataConfig:
     def _validate_files(self) -> None:
         for key in ("vocab_size", "max_len", "max_tokens", "spm_max_sentences"):
             value = getattr(self, key)
+            if value is None and key == "max_tokens":
+                continue  # chosen by the budget when training starts
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"data.{key} must be a positive integer, got {value!r}")
         if self.max_train_pairs is not None and (
@@ -356,7 +361,7 @@ class DataConfig:
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"data.seed must be an integer, got {self.seed!r}")
-        if self.max_tokens < self.max_len:
+        if self.max_tokens is not None and self.max_tokens < self.max_len:
             raise ConfigError(
                 f"data.max_tokens ({self.max_tokens}) must be >= data.max_len "
                 f"({self.max_len}) so that every training pair fits in a batch"
@@ -404,7 +409,8 @@ class OptimConfig:
     """The `optim` group: optimizer, learning-rate schedule, loss and gradient handling."""
 
     name: str = "adam"  # adam | adamw
-    lr: float = 5e-4  # peak learning rate (reached at the end of warmup)
+    lr: float | None = 5e-4  # peak learning rate (reached at the end of warmup); null: chosen
+    #                          by the budget, with the warmup's share (schedule.BUDGET_SETTINGS)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-8
     weight_decay: float = 0.0
@@ -425,7 +431,8 @@ class OptimConfig:
     def validate(self) -> None:
         _check(self.name in OPTIMIZERS, f"optim.name must be one of {OPTIMIZERS}, "
                                         f"got {self.name!r}")
-        _check(_is_finite(self.lr) and self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
+        _check(self.lr is None or (_is_finite(self.lr) and self.lr > 0),
+               f"optim.lr must be > 0 or null, got {self.lr}")
         _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
                f"optim.betas must be two values in [0, 1), got {list(self.betas)}")
         _check(_is_finite(self.eps) and self.eps > 0, f"optim.eps must be > 0, got {self.eps}")

@@ -30,6 +30,14 @@ checkpoints, so a resumed run keeps its warmup.
 `optim.cooldown_updates` (a fixed number of updates before `trainer.max_updates`, holding the
 factor the schedule had there) is the older form of a cooldown, kept as it was
 (`lr_lambda`).
+
+**Settings fitted to the budget** (`BUDGET_SETTINGS`): a small budget is better spent on
+more, smaller updates with less dropout and a lower peak; a large one on Wu et al.'s
+8,192-token batches, dropout 0.3 and lr 0.005 (docs/RESULTS.md, "Budgets"). Where the config
+leaves `data.max_tokens`, `model.dropout` or `optim.lr` null (the recipe does), the trainer
+fills them from the row for the target tokens the budget allows (`budget_settings`; for a
+time budget, at the speed it measures before the first update), logs the choice and keeps
+it when resumed (`fit_to_budget`). A value given in the config is kept.
 """
 
 from __future__ import annotations
@@ -37,13 +45,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from .config import TrainConfig
 
-__all__ = ["Budget", "Plan", "Schedule", "lr_lambda", "PLAN_AFTER", "REPLAN_EVERY"]
+__all__ = ["Budget", "BudgetSettings", "BUDGET_SETTINGS", "Plan", "Schedule", "budget_settings",
+           "fit_to_budget", "lr_lambda", "needs_budget_settings", "PLAN_AFTER", "REPLAN_EVERY"]
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +130,20 @@ class Budget:
             left.append((self.max_time - seconds) / seconds_per_update)
         return max(0.0, min(left)) if left else None
 
+    def expected_tokens(self, update_tokens: int,
+                        tokens_per_second: float | None) -> float | None:
+        """The target tokens the run will train on at most: the token limit, the updates
+        limit times `update_tokens` (full batches), the time limit at `tokens_per_second`
+        (None: no limit, or only a time limit at an unknown speed)."""
+        limits = []
+        if self.max_target_tokens is not None:
+            limits.append(float(self.max_target_tokens))
+        if self.max_updates is not None:
+            limits.append(float(self.max_updates * update_tokens))
+        if self.max_time is not None and tokens_per_second:
+            limits.append(self.max_time * tokens_per_second)
+        return min(limits, default=None)
+
     def describe(self) -> str:
         parts = []
         if self.max_updates is not None:
@@ -130,6 +153,66 @@ class Budget:
         if self.max_time is not None:
             parts.append(f"{self.max_time:,.0f} s")
         return " or ".join(parts) if parts else "none"
+
+
+@dataclass(frozen=True)
+class BudgetSettings:
+    """The batch size, dropout, peak lr and warmup the recipe uses from a budget on."""
+
+    from_tokens: int  # the smallest budget (target tokens) these settings are for
+    update_tokens: int  # target-side tokens per update, padding included: data.max_tokens
+    #                     per batch x optim.update_freq x ranks
+    dropout: float
+    lr: float
+    warmup_fraction: float | None  # the warmup's share of the planned updates, at most
+    #                                optim.warmup_updates; None: optim.warmup_updates
+
+
+# Measured on Multi30k with Transformer-Tiny at 5.5M, 20M and 61M target tokens (docs/RESULTS.md,
+# "Budgets"). Each row starts at the budget it was measured at: below it, its larger batches
+# and higher peak lose (the 20M row at ~10M target tokens: 18.0 cased, the 5.5M row at 5.5M:
+# 34.4), while the smaller batches of the row below only make more updates.
+BUDGET_SETTINGS = (
+    BudgetSettings(0, 2048, dropout=0.1, lr=0.002, warmup_fraction=0.15),  # 5.5M: 34.4 cased
+    BudgetSettings(20_000_000, 4096, dropout=0.2, lr=0.003, warmup_fraction=0.15),  # 20M: 38.9
+    BudgetSettings(61_000_000, 8192, dropout=0.3, lr=0.005, warmup_fraction=None),  # Wu et al.
+)
+
+
+def budget_settings(budget: Budget, tokens_per_second: float | None = None,
+                    table: tuple[BudgetSettings, ...] = BUDGET_SETTINGS) -> BudgetSettings:
+    """The row of `table` for the budget: the one with the largest batches whose
+    `from_tokens` the budget reaches at those batches (and at `tokens_per_second` for a
+    time limit). A run without a limit in tokens gets the last row."""
+    for settings in reversed(table):
+        expected = budget.expected_tokens(settings.update_tokens, tokens_per_second)
+        if expected is None or expected >= settings.from_tokens:
+            return settings
+    return table[0]
+
+
+def needs_budget_settings(cfg: TrainConfig) -> bool:
+    """Whether the config leaves a setting to the budget (a null `data.max_tokens`,
+    `model.dropout` or `optim.lr`)."""
+    return None in (cfg.data.max_tokens, cfg.model.dropout, cfg.optim.lr)
+
+
+def fit_to_budget(cfg: TrainConfig, settings: BudgetSettings, world_size: int = 1) -> TrainConfig:
+    """`cfg` with its null settings taken from `settings`: the batch per rank and
+    accumulation step (`update_tokens` split over them, at least `data.max_len`), the dropout,
+    and the peak lr with its warmup share (the warmup protects that peak, so they go
+    together; a share the config gives is kept)."""
+    per_batch = max(cfg.data.max_len,
+                    settings.update_tokens // (world_size * cfg.optim.update_freq))
+    data, model, optim = cfg.data, cfg.model, cfg.optim
+    if data.max_tokens is None:
+        data = replace(data, max_tokens=per_batch)
+    if model.dropout is None:
+        model = replace(model, dropout=settings.dropout)
+    if optim.lr is None:
+        optim = replace(optim, lr=settings.lr, warmup_fraction=(
+            settings.warmup_fraction if optim.warmup_fraction is None else optim.warmup_fraction))
+    return replace(cfg, data=data, model=model, optim=optim)
 
 
 @dataclass

@@ -63,7 +63,15 @@ from .runtime import (
     resolve_device,
     resolve_precision,
 )
-from .schedule import Schedule
+from .schedule import (
+    BUDGET_SETTINGS,
+    Budget,
+    BudgetSettings,
+    Schedule,
+    budget_settings,
+    fit_to_budget,
+    needs_budget_settings,
+)
 from .search import search_corpus
 from .store import Batch
 from .train_log import TrainLog, ValidationMetrics, setup_logging
@@ -74,6 +82,7 @@ if TYPE_CHECKING:
 __all__ = ["TrainResult", "TrainState", "TrainClock", "Trainer", "ValidationReport", "train"]
 
 log = logging.getLogger(__name__)
+SPEED_PROBE_STEPS = 8  # training steps timed for a time budget's settings (after one warm-up)
 PathLike = Union[str, "os.PathLike[str]"]
 
 
@@ -158,6 +167,16 @@ class Trainer:
         start = resume or init
         self.data = self._load_data(None if start is None else
                                     ckpt.tokenizers_from_state(start[1], start[0]))
+        self.budget_settings: BudgetSettings | None = None  # what the budget chose, if any
+        self._tokens_per_second: float | None = None  # measured for a time budget's settings
+        probe_seconds = 0.0
+        if needs_budget_settings(cfg):
+            started = time.monotonic()
+            self.budget_settings = self._choose_budget_settings(resume)
+            probe_seconds = time.monotonic() - started if resume is None else 0.0
+            self.cfg = cfg = fit_to_budget(cfg, self.budget_settings, env.world_size)
+            self.data = replace(self.data, cfg=cfg.data)
+            self._log_budget_settings()
         torch.manual_seed(cfg.seed)  # the same initial model on every rank
         self.model = self._build_model(init, load_weights=resume is None).to(self.device)
         self.optimizer = build_optimizer(self.model, cfg)
@@ -169,6 +188,8 @@ class Trainer:
         torch.manual_seed(cfg.seed + env.rank)  # dropout differs between ranks
         if resume is not None:
             self._restore(*resume)
+        else:
+            self.state.train_time = probe_seconds  # the speed probe counts against the budget
         self.clock = TrainClock(self.state.train_time)
         self.progress = self.schedule.budget.progress(self.state.num_updates,
                                                       self.state.target_tokens,
@@ -223,6 +244,76 @@ class Trainer:
             dist.barrier()
         return data
 
+    def _choose_budget_settings(self, resume: tuple[Path, dict] | None) -> BudgetSettings:
+        """The `BUDGET_SETTINGS` row for this run's budget: a resumed run's own (one saved
+        without a row: the values it trained with), else chosen on rank 0 (measuring the
+        speed first when a time limit may bind) for every rank."""
+        if resume is not None and resume[1].get("budget_settings"):
+            return BudgetSettings(**resume[1]["budget_settings"])
+        trained = resume and ckpt.stored_training_config(resume[1], resume[0])
+        if trained is not None and not needs_budget_settings(trained):
+            return BudgetSettings(
+                0, trained.data.max_tokens * self.env.world_size * trained.optim.update_freq,
+                trained.model.dropout, trained.optim.lr, trained.optim.warmup_fraction)
+        budget = Budget.of(self.cfg)
+        box: list[Any] = [None]
+        if self.env.is_main:
+            self._tokens_per_second = (self._measure_speed() * self.env.world_size
+                                       if budget.max_time is not None else None)
+            box = [budget_settings(budget, self._tokens_per_second)]
+        if self.env.distributed:
+            dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _measure_speed(self) -> float:
+        """Target tokens per second of this rank's training steps (forward, backward and
+        Adam, at the run's precision) on the first batches at the smallest row's batch
+        size: what a time budget allows, before the batch size is chosen. Small batches
+        train the fewest tokens per second, so the estimate errs toward the smaller rows
+        (the safe side: a row used below its budget loses far more than one used above it).
+        The model measured is dropped (the run's own is built after, from its seed)."""
+        cfg = fit_to_budget(self.cfg, BUDGET_SETTINGS[0])
+        model = Transformer(self._model_config(cfg.model)).to(self.device)
+        loss_fn = LabelSmoothedLoss(model, cfg.optim.label_smoothing)
+        optimizer = build_optimizer(model, cfg)
+        data = replace(self.data, cfg=cfg.data)
+        tokens, started = 0, time.perf_counter()
+        for i, idx in enumerate(data.train_batches(epoch=1)[:SPEED_PROBE_STEPS + 1]):
+            if i == 1:  # the first step allocates and warms up: left out
+                tokens, started = 0, time.perf_counter()
+            batch = data.train.collate(idx).to(self.device)
+            with self.autocast():
+                loss = loss_fn(batch.src, batch.src_valid_lens, batch.tgt_in, batch.tgt_out,
+                               batch.tgt_index)
+            (loss / batch.num_tgt_tokens).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss.item()  # waits for the device
+            tokens += batch.num_tgt_tokens
+        return tokens / max(time.perf_counter() - started, 1e-9)
+
+    def _log_budget_settings(self) -> None:
+        cfg, settings, speed = self.cfg, self.budget_settings, self._tokens_per_second
+        budget = Budget.of(cfg)
+        expected = budget.expected_tokens(settings.update_tokens, speed)
+        log.info("settings for a budget of %s (%s%s target tokens expected; the settings from "
+                 "%s): batches of %s tokens, dropout %s, lr %s, warmup %s (the config's null "
+                 "data.max_tokens, model.dropout, optim.lr; set them to choose)",
+                 budget.describe(), f"{speed:,.0f} target tokens/s measured: " if speed else "",
+                 "no limit on" if expected is None else f"~{expected:,.0f}",
+                 f"{settings.from_tokens:,}", f"{cfg.data.max_tokens:,}", cfg.model.dropout,
+                 cfg.optim.lr,
+                 f"{cfg.optim.warmup_fraction:.0%} of the planned updates (at most "
+                 f"{cfg.optim.warmup_updates:,})" if cfg.optim.warmup_fraction else
+                 f"{cfg.optim.warmup_updates:,} updates")
+
+    def _model_config(self, settings: ModelSettings) -> ModelConfig:
+        """The model `settings` describe, with the vocabulary the tokenizers decide."""
+        toks = self.data.tokenizers
+        return settings.to_model_config(toks.src.vocab_size, toks.tgt.vocab_size,
+                                        share_embeddings=self.cfg.data.joint_vocab,
+                                        special_ids=toks.tgt.specials)
+
     def _build_model(self, init: tuple[Path, dict] | None, load_weights: bool) -> Transformer:
         """A new model from the config, or `init`'s (its pruned heads too), with `init`'s
         weights when `load_weights` (a resumed run restores its own instead)."""
@@ -232,10 +323,7 @@ class Trainer:
             log.info("initialized from %s", init[0])
         else:
             config = (ModelConfig.from_dict(init[1]["model_config"]) if init is not None else
-                      self.cfg.model.to_model_config(
-                          toks.src.vocab_size, toks.tgt.vocab_size,
-                          share_embeddings=self.cfg.data.joint_vocab,
-                          special_ids=toks.tgt.specials))
+                      self._model_config(self.cfg.model))
             model = Transformer(config)
         ckpt.check_tokenizers(model.config, toks, init[0] if init else "the run's tokenizer")
         log.info("model %s: %s parameters, %s", self.cfg.model.name,
@@ -537,6 +625,8 @@ class Trainer:
                                         training_config=self.cfg),
             "optimizer": self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict(),
+            "budget_settings": (asdict(self.budget_settings) if self.budget_settings is not None
+                                else None),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "train_state": asdict(self.state),
             "rng": rngs,
