@@ -170,7 +170,7 @@ class BudgetSettings:
 
 # Measured on Multi30k with Transformer-Tiny at 5.5M, 20M and 61M target tokens (docs/RESULTS.md,
 # "Budgets"). Each row starts at the budget it was measured at: below it, its larger batches
-# and higher peak lose (the 20M row at ~10M target tokens: 18.0 cased, the 5.5M row at 5.5M:
+# and higher peak lose (the 20M row at ~10M target tokens: 19.0 cased, the 5.5M row at 5.5M:
 # 34.4), while the smaller batches of the row below only make more updates.
 BUDGET_SETTINGS = (
     BudgetSettings(0, 2048, dropout=0.1, lr=0.002, warmup_fraction=0.15),  # 5.5M: 34.4 cased
