@@ -3,9 +3,11 @@
 The German descriptions of Multi30k task 2 (145,000 lines written independently of the
 English: in-domain monolingual text, not translations) become synthetic pairs through a
 de->en model (`transformer backtranslate`). Every model trains the recipe for the same
-number of updates of the same size (bench/corpora.py's `recipe`: the arms there and here
-train one schedule), then translates test_2016_flickr (beam 5) with the average of its last
-5 numbered checkpoints and with its last checkpoint, scored with cased sacreBLEU and chrF.
+number of updates of the same size (bench/corpora.py's `recipe`; `--settings budget`, the
+default: the batch size, dropout and lr the recipe chooses for that many updates, 2,048-token
+batches at 4,000; `wu`: Wu et al.'s, the schedule of bench/corpora.py's arms), then
+translates test_2016_flickr (beam 5) with the average of its last 5 numbered checkpoints and
+with its last checkpoint, scored with cased sacreBLEU and chrF.
 
 Arms (`--arms`, run one after another in this order, never two trainings at once):
 - `reverse`: the de->en model (`data.src_lang=de data.tgt_lang=en`), scored de->en;
@@ -17,9 +19,10 @@ Arms (`--arms`, run one after another in this order, never two trainings at once
 - `bt_untagged`: the same without the tag;
 - `bt_beam`: tagged, from a beam-5 back-translation (OUT/bt_beam.en) instead of sampling.
 The default is `reverse baseline bt_tagged`. An epoch of the mixed arms has as many pairs as
-both corpora (174,000: ~370 updates), so they also validate, and number a checkpoint, every
-`--updates` / 40 updates (60: about one Multi30k epoch): their last 5 checkpoints span the
-end of the run as the baseline's epoch checkpoints do. Validation: Multi30k's val.
+both corpora (174,000: six Multi30k epochs), so they also validate, and number a checkpoint,
+every `--updates` / 40 updates (100 of 2,048 tokens: under half a Multi30k epoch): their
+last 5 checkpoints come from the cooldown, as the baseline's epoch checkpoints do.
+Validation: Multi30k's val.
 
 The back-translation: OUT/mono.de (train.{1..5}.de.gz of `--mono` as one plain file) by the
 reverse model's averaged checkpoint, sampled top-k 10 (the command's default) or beam 5
@@ -28,7 +31,7 @@ its int8 export (`transformer export --quantization int8`, OUT/reverse/ct2-int8)
 Its sentences/s come from the command's last line on stderr.
 
     python bench/backtranslation.py --root ../shared/data/multi30k \\
-        --mono ../shared/data/multi30k-task2 --out runs/backtranslation --updates 2400 \\
+        --mono ../shared/data/multi30k-task2 --out runs/backtranslation --updates 4000 \\
         --arms reverse baseline bt_tagged [--reuse-clean runs/corpora/clean]
 
 A finished arm (train.log's last line: stopped after `--updates` updates, with
@@ -50,6 +53,7 @@ from pathlib import Path
 
 import yaml
 from corpora import (
+    add_settings_option,
     average,
     bleu_chrf,
     corpus_entry,
@@ -212,9 +216,10 @@ def main() -> None:
                         default=HERE.parent.parent / "shared/data/multi30k-task2",
                         help="Multi30k task 2's folder: train.{1..5}.de.gz")
     parser.add_argument("--out", type=Path, default=Path("runs/backtranslation"))
-    parser.add_argument("--updates", type=int, default=2400)
+    parser.add_argument("--updates", type=int, default=4000)
     parser.add_argument("--arms", nargs="+", default=["reverse", "baseline", "bt_tagged"],
                         choices=ARMS)
+    add_settings_option(parser, "budget")
     parser.add_argument("--bt-weight", type=float, default=0.5,
                         help="the synthetic corpus's share of every epoch (data.corpora "
                              "weight); the real corpus gets the rest (default 0.5). A "
@@ -252,11 +257,12 @@ def main() -> None:
                 results_path.write_text(json.dumps(results, indent=1))
         seconds = train(run_dir, root, args.updates,
                         arm_overrides(arm, root, out, args.bt_weight, args.updates),
-                        out / f"{arm}.log")
+                        out / f"{arm}.log", args.settings)
         src, tgt = ("de", "en") if arm == "reverse" else ("en", "de")
         cleaning = run_dir / "cleaning.txt"
         results[arm] = {
-            "updates": args.updates, "pair": f"{src}-{tgt}", "run_dir": str(run_dir),
+            "updates": args.updates, "settings": args.settings, "pair": f"{src}-{tgt}",
+            "run_dir": str(run_dir),
             "weights": corpus_weights(run_dir), **times(run_dir, seconds, results.get(arm, {})),
             "test": score(run_dir, root, src, tgt),
             "cleaning": cleaning.read_text() if cleaning.is_file() else None}

@@ -33,23 +33,48 @@ from pathlib import Path
 
 import sacrebleu
 
+from transformer.schedule import Budget, budget_settings
+
 HERE = Path(__file__).resolve().parent
 LANGS = ("de", "fr", "cs")
 
 
-def recipe(updates: int) -> list[str]:
-    """The overrides every arm shares: the recipe cut to `updates`, with Wu et al.'s batch
-    size, dropout and lr (not the ones the budget would choose) and a linear cooldown over
-    its last third in updates (`optim.cooldown_updates`, the schedule every arm here
-    trained with, not the recipe's share of the budget), validated at the end of every epoch
-    in the last 400 updates."""
-    return [f"trainer.max_updates={updates}", "trainer.max_time=null",
-            "trainer.max_target_tokens=null", "data.max_tokens=8192", "model.dropout=0.3",
-            "optim.lr=0.005",
-            f"optim.cooldown_updates={updates // 3}", "optim.cooldown=0",
-            "optim.warmup_fraction=null", "trainer.validate_after_budget=0",
-            f"trainer.validate_after_updates={max(0, updates - 400)}",
+SETTINGS = ("wu", "budget")
+
+
+def recipe(updates: int, settings: str = "wu") -> list[str]:
+    """The overrides every arm shares: the recipe cut to `updates`, validated at the end of
+    every epoch in the last 400 updates of 8,192 tokens (and every third of the run).
+
+    `wu`: Wu et al.'s batch size, dropout and lr (not the ones the budget would choose) and
+    a linear cooldown over the last third in updates (`optim.cooldown_updates`, the
+    schedule every arm in docs/RESULTS.md trained with before the recipe fitted its settings
+    to the budget). `budget`: the recipe as it is, its settings and schedule chosen for a
+    budget of `updates` updates (`schedule.budget_settings`)."""
+    limits = [f"trainer.max_updates={updates}", "trainer.max_time=null",
+              "trainer.max_target_tokens=null"]
+    if settings == "wu":
+        update_tokens = 8192
+        limits += ["data.max_tokens=8192", "model.dropout=0.3", "optim.lr=0.005",
+                   f"optim.cooldown_updates={updates // 3}", "optim.cooldown=0",
+                   "optim.warmup_fraction=null"]
+    elif settings == "budget":
+        update_tokens = budget_settings(Budget(max_updates=updates)).update_tokens
+    else:
+        raise SystemExit(f"unknown settings {settings!r}: one of {', '.join(SETTINGS)}")
+    window = 400 * 8192 // update_tokens  # the same tokens at any batch size
+    return [*limits, "trainer.validate_after_budget=0",
+            f"trainer.validate_after_updates={max(0, updates - window)}",
             f"trainer.validate_every_updates={max(1, updates // 3)}"]
+
+
+def add_settings_option(parser: argparse.ArgumentParser, default: str) -> None:
+    """`--settings`: `recipe`'s choice, shared by the benches that train it."""
+    parser.add_argument("--settings", choices=SETTINGS, default=default,
+                        help="wu: Wu et al.'s batch size, dropout and lr with a cooldown over "
+                             "the last third; budget: the ones the recipe chooses for "
+                             f"--updates updates (default {default}: the numbers in "
+                             "docs/RESULTS.md)")
 
 
 def corpus_entry(name: str, src: Path, tgt: Path, **extra: str) -> str:
@@ -90,14 +115,14 @@ def finished(run_dir: Path, updates: int) -> bool:
 
 
 def train(run_dir: Path, root: Path, updates: int, overrides: list[str],
-          log: Path) -> float | None:
-    """Train one arm (the recipe cut to `updates`, then `overrides`) into `run_dir` unless
+          log: Path, settings: str = "wu") -> float | None:
+    """Train one arm (`recipe(updates, settings)`, then `overrides`) into `run_dir` unless
     it is finished -> the seconds it took, or None when it was finished already."""
     if finished(run_dir, updates):
         return None
     start = time.time()
     run(["transformer", "train", f"hydra.run.dir={run_dir}", f"data.root={root}",
-         *recipe(updates), *overrides], log)
+         *recipe(updates, settings), *overrides], log)
     seconds = time.time() - start
     print(f"{run_dir.name}: trained in {seconds:.0f} s", flush=True)
     return seconds
@@ -183,6 +208,7 @@ def main() -> None:
                         help="the noisy corpus of bench/noise.py --out (made when missing)")
     parser.add_argument("--updates", type=int, default=2400)
     parser.add_argument("--arms", nargs="+", default=["clean", "noisy", "cleaned"])
+    add_settings_option(parser, "wu")
     args = parser.parse_args()
     root, out = args.root.resolve(), args.out.resolve()
     noise = (args.noise or out / "noise").resolve()
@@ -195,7 +221,8 @@ def main() -> None:
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     for arm in args.arms:
         run_dir = out / arm
-        train(run_dir, root, args.updates, arm_overrides(arm, root, noise), out / f"{arm}.log")
+        train(run_dir, root, args.updates, arm_overrides(arm, root, noise), out / f"{arm}.log",
+              args.settings)
         multilingual = arm == "multilingual"
         results[arm] = {"updates": args.updates,
                         "test": score(run_dir, root, LANGS if multilingual else ("de",),

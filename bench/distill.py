@@ -3,12 +3,13 @@
 A student of at most a quarter of the teacher's parameters trains on the teacher's
 translations of the training sources; the same student trains on the references beside it.
 The teacher is the recipe model (Transformer-Tiny: d 128, FFN 256, 4+4 layers, 4 heads, 8,000
-joint pieces, ~2.35M parameters): `--teacher CHECKPOINT` (e.g. bench/corpora.py's clean
-arm's avg5.pt), or the `teacher` arm trained here. `transformer distill` translates
+joint pieces, ~2.35M parameters): `--teacher CHECKPOINT` (e.g. bench/backtranslation.py's
+baseline arm's avg5.pt), or the `teacher` arm trained here. `transformer distill` translates
 Multi30k's training sources with it (beam 8) and keeps, of each line's 8 best, the one of
 highest sentence chrF against the reference: OUT/distilled.de (its chrF line and
 sentences/s are recorded). Every model trains the recipe for the same number of updates of
-the same size (bench/corpora.py's `recipe`) and validates on Multi30k's val.
+the same size (bench/corpora.py's `recipe`; `--settings budget`, the default: the settings
+the recipe chooses for that many updates) and validates on Multi30k's val.
 
 Arms (`--arms`, run one after another in this order, never two trainings at once; default
 all three):
@@ -30,7 +31,7 @@ sentences in this process, `--threads` 2, beam 5 and greedy, the best of 3 after
 import.
 
     python bench/distill.py --root ../shared/data/multi30k --out runs/distill \\
-        --updates 2400 [--teacher runs/corpora/clean/avg5.pt] \\
+        --updates 4000 [--teacher runs/backtranslation/baseline/avg5.pt] \\
         --arms teacher student_ref student_kd
 
 A finished arm (train.log's last line: stopped after `--updates` updates, with
@@ -49,6 +50,7 @@ from pathlib import Path
 
 from backtranslation import command_report, export_int8, has_ctranslate2, times
 from corpora import (
+    add_settings_option,
     average,
     bleu_chrf,
     corpus_entry,
@@ -206,8 +208,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=HERE.parent.parent / "shared/data/multi30k")
     parser.add_argument("--out", type=Path, default=Path("runs/distill"))
-    parser.add_argument("--updates", type=int, default=2400)
+    parser.add_argument("--updates", type=int, default=4000)
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    add_settings_option(parser, "budget")
     parser.add_argument("--teacher", type=Path, metavar="CHECKPOINT",
                         help="an en->de recipe model (a checkpoint or run directory) to distill "
                              "instead of training the teacher arm")
@@ -246,11 +249,12 @@ def main() -> None:
                 entry = corpus_entry("distilled", root / "train.en.gz", out / "distilled.de",
                                      filters="none")
                 overrides = [*overrides, f"data.corpora=[{entry}]"]
-            seconds = train(folder, root, args.updates, overrides, out / f"{arm}.log")
+            seconds = train(folder, root, args.updates, overrides, out / f"{arm}.log",
+                            args.settings)
         checkpoint = teacher_checkpoint(args.teacher, out, args.updates) if arm == "teacher" \
             else average(folder)
         results[arm] = {
-            "updates": args.updates, "checkpoint": str(checkpoint),
+            "updates": args.updates, "settings": args.settings, "checkpoint": str(checkpoint),
             "parameters": parameters(checkpoint), **times(folder, seconds, results.get(arm, {})),
             "test": score(checkpoint, folder, root),
             "speed": speed(checkpoint, folder, root, args.threads) if fast else None}

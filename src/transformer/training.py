@@ -282,9 +282,7 @@ class Trainer:
             if i == 1:  # the first step allocates and warms up: left out
                 tokens, started = 0, time.perf_counter()
             batch = data.train.collate(idx).to(self.device)
-            with self.autocast():
-                loss = loss_fn(batch.src, batch.src_valid_lens, batch.tgt_in, batch.tgt_out,
-                               batch.tgt_index)
+            loss = self.batch_loss(batch, loss_fn)
             (loss / batch.num_tgt_tokens).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -467,11 +465,12 @@ class Trainer:
         self._apply_update(loss_total / agreed.tokens, gnorm, agreed.tokens)
         return None
 
-    def batch_loss(self, batch: Batch) -> Tensor:
-        """Label-smoothed cross-entropy summed over the batch's target tokens."""
+    def batch_loss(self, batch: Batch, loss_fn: nn.Module | None = None) -> Tensor:
+        """Label-smoothed cross-entropy summed over the batch's target tokens, by `loss_fn`
+        (default: the run's own, `train_loss`) at the run's precision."""
         with self.autocast():
-            return self.train_loss(batch.src, batch.src_valid_lens, batch.tgt_in, batch.tgt_out,
-                                   batch.tgt_index)
+            return (loss_fn or self.train_loss)(batch.src, batch.src_valid_lens, batch.tgt_in,
+                                                batch.tgt_out, batch.tgt_index)
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.precision.dtype or torch.bfloat16,
