@@ -173,7 +173,7 @@ class Trainer:
         if needs_budget_settings(cfg):
             started = time.monotonic()
             self.budget_settings = self._choose_budget_settings(resume)
-            probe_seconds = time.monotonic() - started if resume is None else 0.0
+            probe_seconds = time.monotonic() - started  # used by a new run only
             self.cfg = cfg = fit_to_budget(cfg, self.budget_settings, env.world_size)
             self.data = replace(self.data, cfg=cfg.data)
             self._log_budget_settings()
