@@ -209,80 +209,88 @@ class DotProductAttention(nn.Module):
 
 class KVCache:
     """Keys and values of past decoding steps; `keys`/`values` are (batch, num_heads, steps,
-    head_dim).
+    head_dim), contiguous: the layout batched matrix products read fastest (through a
+    permuted steps-first view, `bmm` over 40 cached steps took 8x as long;
+    docs/RESULTS.md, "Engines on every CPU").
 
-    `static=False` (decoder self-attention): each call appends the new steps. They are
-    stored steps-first, (steps, batch, num_heads, head_dim), in a buffer with room for more
-    steps, so appending writes one slice in place, and `keys`/`values` are views of it.
-    Reordering the batch (beam search) is one `index_select` of the filled steps into a
-    second buffer, which then becomes the current one: no copy per step besides that, and
-    no allocation once the buffers are large enough.
+    `static=False` (decoder self-attention): each call appends the new steps by writing the
+    cached steps, then the new ones, into a second buffer (the start of a flat buffer with
+    room for more, so no allocation once it is large enough), which becomes the current one.
+    Reordering the batch (beam search) only notes the rows to keep; the next append gathers
+    them in that same copy (one `index_select`), so beam search copies the cache once per
+    step, however many reorders came between two appends.
     `static=True` (encoder-decoder attention): the encoder output is projected on the
-    first call and reused on every later call.
+    first call and reused on every later call; a reorder selects its rows at once.
     """
 
     def __init__(self, static: bool = False):
         self.static = static
-        self.keys: Tensor | None = None
-        self.values: Tensor | None = None
         self.length = 0  # steps cached
-        # self-attention: flat storage, [current, spare] for keys and for values
-        self._key_buffers: list[Tensor] = []
-        self._value_buffers: list[Tensor] = []
+        self._keys: Tensor | None = None
+        self._values: Tensor | None = None
+        self._rows: Tensor | None = None  # self-attention: rows a reorder kept, not yet gathered
+        self._buffers: list[Tensor] = []  # self-attention: flat [keys, values] now in use
+        self._spare: list[Tensor] = []  # and the pair the next append writes into
+
+    @property
+    def keys(self) -> Tensor | None:
+        self._gather_pending()
+        return self._keys
+
+    @property
+    def values(self) -> Tensor | None:
+        self._gather_pending()
+        return self._values
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Cache new steps' k, v (batch, heads, new_steps, head_dim) -> all steps' keys
         and values (batch, heads, steps, head_dim)."""
         if self.static:
-            self.keys, self.values, self.length = k, v, k.shape[2]
-            return k, v
+            self._keys, self._values, self.length = k.contiguous(), v.contiguous(), k.shape[2]
+            return self._keys, self._values
         batch, heads, new, head_dim = k.shape
-        end = self.length + new
-        if not self._key_buffers or self._key_buffers[0].numel() < end * batch * heads * head_dim:
-            self._grow(2 * end, k)
-        shape = (end, batch, heads, head_dim)
-        keys, values = _prefix(self._key_buffers[0], shape), _prefix(self._value_buffers[0], shape)
-        keys[self.length:] = k.permute(2, 0, 1, 3)
-        values[self.length:] = v.permute(2, 0, 1, 3)
-        self.length = end
-        self.keys, self.values = keys.permute(1, 2, 0, 3), values.permute(1, 2, 0, 3)
-        return self.keys, self.values
+        shape = (batch, heads, self.length + new, head_dim)
+        if not self._spare or self._spare[0].numel() < math.prod(shape):
+            self._spare = [k.new_empty(2 * math.prod(shape)) for _ in range(2)]  # room to grow
+        stored = []
+        for spare, cached, added in zip(self._spare, (self._keys, self._values), (k, v),
+                                        strict=True):
+            out = _prefix(spare, shape)
+            if cached is not None:
+                _gather(cached, self._rows, out[:, :, :self.length])
+            out[:, :, self.length:] = added
+            stored.append(out)
+        self._buffers, self._spare = self._spare, self._buffers
+        self._keys, self._values = stored
+        self._rows, self.length = None, shape[2]
+        return self._keys, self._values
 
     def reorder(self, index: Tensor) -> None:
         """Select batch rows (e.g. surviving beams), in place."""
-        if self.keys is None:
+        if self._keys is None:
             return
         if self.static:
-            self.keys = self.keys.index_select(0, index)
-            self.values = self.values.index_select(0, index)
-            return
-        batch, heads, length, head_dim = self.keys.shape
-        reordered = []
-        for buffers in (self._key_buffers, self._value_buffers):
-            current = _prefix(buffers[0], (length, batch, heads, head_dim))
-            shape = (length, len(index), heads, head_dim)
-            if buffers[1].numel() < math.prod(shape):  # more rows than before (beams)
-                buffers[1] = buffers[0].new_empty(2 * math.prod(shape))
-            spare = _prefix(buffers[1], shape)
-            if current.requires_grad:  # out= is not differentiable
-                spare.copy_(current.index_select(1, index))
-            else:
-                torch.index_select(current, 1, index, out=spare)
-            buffers.reverse()
-            reordered.append(spare.permute(1, 2, 0, 3))  # (new batch, heads, steps, hd)
-        self.keys, self.values = reordered
+            self._keys = self._keys.index_select(0, index)
+            self._values = self._values.index_select(0, index)
+        else:
+            self._rows = index if self._rows is None else self._rows.index_select(0, index)
 
-    def _grow(self, steps: int, like: Tensor) -> None:
-        """Buffers with room for `steps` steps of `like`'s batch, keeping the cached ones."""
-        size = steps * like.shape[0] * like.shape[1] * like.shape[3]
-        old = (self.keys, self.values)
-        self._key_buffers = [like.new_empty(size), like.new_empty(size)]
-        self._value_buffers = [like.new_empty(size), like.new_empty(size)]
-        if self.keys is not None:
-            for buffers, cached in zip((self._key_buffers, self._value_buffers), old,
-                                       strict=True):
-                steps_first = cached.permute(2, 0, 1, 3)  # (steps, batch, heads, head_dim)
-                _prefix(buffers[0], steps_first.shape).copy_(steps_first)
+    def _gather_pending(self) -> None:
+        """Apply a reorder that no append has gathered yet (for a reader of `keys`)."""
+        if self._rows is not None:
+            self._keys, self._values = (x.index_select(0, self._rows)
+                                        for x in (self._keys, self._values))
+            self._rows = None
+
+
+def _gather(cached: Tensor, rows: Tensor | None, out: Tensor) -> None:
+    """Write `cached` (its `rows`, where given) into the view `out`."""
+    if rows is None:
+        out.copy_(cached)
+    elif cached.requires_grad:  # out= is not differentiable
+        out.copy_(cached.index_select(0, rows))
+    else:
+        torch.index_select(cached, 0, rows, out=out)
 
 
 def _prefix(buffer: Tensor, shape: tuple[int, ...]) -> Tensor:

@@ -332,16 +332,23 @@ def _collect(finished: list[list[Hypothesis]], kth_score: Tensor, ended: Tensor,
              alpha: float, nbest: int) -> None:
     """Store the hypotheses that just ended (`ended` (a, 2k): candidate j of active sentence
     a, continuing row `parents[a, j]` of `tokens` (BOS + output) with EOS); update each
-    sentence's nbest-th best score."""
+    sentence's nbest-th best score. The tensors are read into lists once per step: a
+    hypothesis costs no tensor operation."""
     penalty = length_penalty(step + 1, alpha)  # step + 1 tokens generated, EOS included
-    for a, j in ended.nonzero().tolist():
-        log_prob = float(top_scores[a, j])
-        hyps = finished[int(sentence[a])]
-        hyps.append(Hypothesis(tokens[int(parents[a, j]), 1:].tolist(), log_prob / penalty,
-                               log_prob))
+    active, candidate = ended.nonzero().unbind(1)
+    log_probs = top_scores[active, candidate].tolist()
+    outputs = tokens.index_select(0, parents[active, candidate])[:, 1:].tolist()
+    kth = {}  # active sentence -> its new nbest-th best score
+    for a, s, log_prob, output in zip(active.tolist(), sentence[active].tolist(), log_probs,
+                                      outputs, strict=True):
+        hyps = finished[s]
+        hyps.append(Hypothesis(output, log_prob / penalty, log_prob))
         hyps.sort(key=lambda h: -h.score)
         if len(hyps) >= nbest:
-            kth_score[a] = hyps[nbest - 1].score
+            kth[a] = hyps[nbest - 1].score
+    if kth:
+        kth_score[list(kth)] = torch.tensor(list(kth.values()), dtype=kth_score.dtype,
+                                            device=kth_score.device)
 
 
 def search_corpus(model: Transformer, sources: Sequence[Sequence[int]],

@@ -1,0 +1,112 @@
+"""Benchmark: the kernels one decoding step of Transformer-Tiny runs, on the CPU at hand, for
+the choices the code makes by measurement: oneDNN or BLAS for the linear layers (`ops.linear`),
+the explicit attention path or PyTorch's fused kernel by the number of keys
+(`attention.CPU_FUSED_MIN_KEYS`), and the key/value cache's layout (`attention.KVCache`).
+
+Every variant is timed in turn, round after round in one process (the best round counts), at
+one thread, on the shapes beam search at beam 5 produces for ~150 sentences of Multi30k
+(rows = sentences x beams; d 128, 4 heads of 32, FFN 256, vocabulary 8,000).
+
+    python bench/kernels.py
+    # the same kernels as an AVX2-only CPU runs them (PyTorch's, oneDNN's, MKL's):
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
+        python bench/kernels.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from engines import cpu_description  # bench/engines.py
+
+from transformer.ops import linear
+
+HEADS, HEAD_DIM = 4, 32
+LINEARS = [(128, 128), (256, 128), (128, 256), (8000, 128)]  # (out, in): attention, FFN, output
+
+
+def best_us(variants: dict[str, tuple[Callable[..., object], tuple]], rounds: int,
+            calls: int = 10) -> dict[str, float]:
+    """Microseconds per call of each variant (a function and its arguments): the best of
+    `rounds` rounds, the variants in turn."""
+    best = dict.fromkeys(variants, math.inf)
+    for _ in range(rounds):
+        for name, (f, args) in variants.items():
+            f(*args)
+            start = time.perf_counter()
+            for _ in range(calls):
+                f(*args)
+            best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The explicit path: heads folded into the batch, bmm, softmax, bmm."""
+    b, h, n, d = q.shape
+    scores = torch.bmm(q.reshape(b * h, n, d), k.reshape(b * h, -1, d).transpose(1, 2))
+    return torch.bmm(F.softmax(scores / math.sqrt(d), -1), v.reshape(b * h, -1, d))
+
+
+def linears(rounds: int) -> None:
+    print("linear layers, us per call: oneDNN (ops.linear) / BLAS (F.linear)")
+    for rows in (5, 40, 150, 750):
+        cells = []
+        for out_features, in_features in LINEARS:
+            x, w = torch.randn(rows, in_features), torch.randn(out_features, in_features)
+            b = torch.randn(out_features)
+            t = best_us({"onednn": (linear, (x, w, b)), "blas": (F.linear, (x, w, b))}, rounds)
+            cells.append(f"{in_features}->{out_features}: {t['onednn']:7.0f} / {t['blas']:7.0f}"
+                         f" ({t['blas'] / t['onednn']:.2f}x)")
+        print(f"  {rows:>4} rows  " + "  ".join(cells))
+
+
+def attention(rounds: int) -> None:
+    print("attention of one step, us per call: explicit / fused (SDPA); "
+          "self = 750 rows x 1 query, cross = 150 sentences x 5 queries")
+    for keys in (4, 8, 16, 32, 48, 64):
+        cells = []
+        for name, batch, queries in (("self", 750, 1), ("cross", 150, 5)):
+            q = torch.randn(batch, HEADS, queries, HEAD_DIM)
+            k, v = (torch.randn(batch, HEADS, keys, HEAD_DIM) for _ in range(2))
+            t = best_us({"explicit": (explicit, (q, k, v)),
+                         "fused": (F.scaled_dot_product_attention, (q, k, v))}, rounds)
+            cells.append(f"{name} {t['explicit']:6.0f} / {t['fused']:6.0f} "
+                         f"({t['fused'] / t['explicit']:.2f}x)")
+        print(f"  {keys:>3} keys  " + "  ".join(cells))
+
+
+def cache_layout(rounds: int) -> None:
+    print("self-attention over the cache, us per call: keys contiguous (batch, heads, steps, "
+          "head_dim) / steps-first (steps, batch, heads, head_dim) read through a view")
+    rows = 750
+    for steps in (8, 16, 24, 32, 48, 64):
+        q = torch.randn(rows, HEADS, 1, HEAD_DIM)
+        stored = torch.randn(2, steps, rows, HEADS, HEAD_DIM)
+        k_view, v_view = (x.permute(1, 2, 0, 3) for x in stored)  # (rows, heads, steps, hd)
+        k, v = k_view.contiguous(), v_view.contiguous()
+        t = best_us({"contiguous": (explicit, (q, k, v)),
+                     "steps-first": (explicit, (q, k_view, v_view))}, rounds)
+        print(f"  {steps:>3} steps  {t['contiguous']:6.0f} / {t['steps-first']:6.0f} "
+              f"({t['steps-first'] / t['contiguous']:.2f}x)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}; one thread")
+    print(cpu_description())
+    with torch.no_grad():
+        linears(args.rounds)
+        attention(args.rounds)
+        cache_layout(args.rounds)
+
+
+if __name__ == "__main__":
+    main()
