@@ -28,9 +28,10 @@ from transformer.ops import linear
 
 HEADS, HEAD_DIM = 4, 32
 LINEARS = [(128, 128), (256, 128), (128, 256), (8000, 128)]  # (out, in): attention, FFN, output
+Variant = tuple[Callable[..., object], tuple]  # a function and its arguments
 
 
-def best_us(variants: dict[str, tuple[Callable[..., object], tuple]], rounds: int,
+def best_us(variants: dict[str, Variant], rounds: int,
             calls: int = 10) -> dict[str, float]:
     """Microseconds per call of each variant (a function and its arguments): the best of
     `rounds` rounds, the variants in turn."""
@@ -43,6 +44,13 @@ def best_us(variants: dict[str, tuple[Callable[..., object], tuple]], rounds: in
                 f(*args)
             best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
     return best
+
+
+def compared(first: Variant, second: Variant, rounds: int) -> str:
+    """Both variants timed by `best_us`, as "first / second (second's time over first's)":
+    above 1x the first is faster."""
+    t = best_us({"first": first, "second": second}, rounds)
+    return f"{t['first']:7.0f} / {t['second']:7.0f} ({t['second'] / t['first']:.2f}x)"
 
 
 def explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -59,9 +67,8 @@ def linears(rounds: int) -> None:
         for out_features, in_features in LINEARS:
             x, w = torch.randn(rows, in_features), torch.randn(out_features, in_features)
             b = torch.randn(out_features)
-            t = best_us({"onednn": (linear, (x, w, b)), "blas": (F.linear, (x, w, b))}, rounds)
-            cells.append(f"{in_features}->{out_features}: {t['onednn']:7.0f} / {t['blas']:7.0f}"
-                         f" ({t['blas'] / t['onednn']:.2f}x)")
+            cells.append(f"{in_features}->{out_features}: "
+                         + compared((linear, (x, w, b)), (F.linear, (x, w, b)), rounds))
         print(f"  {rows:>4} rows  " + "  ".join(cells))
 
 
@@ -73,10 +80,8 @@ def attention(rounds: int) -> None:
         for name, batch, queries in (("self", 750, 1), ("cross", 150, 5)):
             q = torch.randn(batch, HEADS, queries, HEAD_DIM)
             k, v = (torch.randn(batch, HEADS, keys, HEAD_DIM) for _ in range(2))
-            t = best_us({"explicit": (explicit, (q, k, v)),
-                         "fused": (F.scaled_dot_product_attention, (q, k, v))}, rounds)
-            cells.append(f"{name} {t['explicit']:6.0f} / {t['fused']:6.0f} "
-                         f"({t['fused'] / t['explicit']:.2f}x)")
+            cells.append(f"{name} " + compared(
+                (explicit, (q, k, v)), (F.scaled_dot_product_attention, (q, k, v)), rounds))
         print(f"  {keys:>3} keys  " + "  ".join(cells))
 
 
@@ -89,10 +94,8 @@ def cache_layout(rounds: int) -> None:
         stored = torch.randn(2, steps, rows, HEADS, HEAD_DIM)
         k_view, v_view = (x.permute(1, 2, 0, 3) for x in stored)  # (rows, heads, steps, hd)
         k, v = k_view.contiguous(), v_view.contiguous()
-        t = best_us({"contiguous": (explicit, (q, k, v)),
-                     "steps-first": (explicit, (q, k_view, v_view))}, rounds)
-        print(f"  {steps:>3} steps  {t['contiguous']:6.0f} / {t['steps-first']:6.0f} "
-              f"({t['steps-first'] / t['contiguous']:.2f}x)")
+        print(f"  {steps:>3} steps  "
+              + compared((explicit, (q, k, v)), (explicit, (q, k_view, v_view)), rounds))
 
 
 def main() -> None:
