@@ -17,7 +17,13 @@ Arms (`--arms`, run one after another in this order, never two trainings at once
   OUT/mono.de; `filters: basic`) tagged `<bt>`, sampled real / synthetic by `--bt-weight`
   (default 0.5 / 0.5 of every epoch);
 - `bt_untagged`: the same without the tag;
-- `bt_beam`: tagged, from a beam-5 back-translation (OUT/bt_beam.en) instead of sampling.
+- `bt_beam`: tagged, from a beam-5 back-translation (OUT/bt_beam.en) instead of sampling;
+- `bt_finetune`: the two stages of mozilla/translations' teachers (and of Calixto et al.
+  2017 on this corpus): `bt_tagged`'s mixture for the first (1 - `--finetune-share`) of the
+  updates (OUT/bt_pretrain), then, from the average of its last 5 checkpoints
+  (`init_from`: its weights and tokenizers, a new optimizer and schedule), Multi30k alone
+  for the rest. Both stages take the batch size, dropout and lr the recipe chooses for the
+  whole `--updates`, so the arm makes as many updates of the same size as `baseline`.
 The default is `reverse baseline bt_tagged`. An epoch of the mixed arms has as many pairs as
 both corpora (174,000: six Multi30k epochs), so they also validate, and number a checkpoint,
 every `--updates` / 40 updates (100 of 2,048 tokens: under half a Multi30k epoch): their
@@ -33,6 +39,9 @@ Its sentences/s come from the command's last line on stderr.
     python bench/backtranslation.py --root ../shared/data/multi30k \\
         --mono ../shared/data/multi30k-task2 --out runs/backtranslation --updates 4000 \\
         --arms reverse baseline bt_tagged [--reuse-clean runs/corpora/clean]
+
+`--reverse-updates N` trains the reverse model for N updates instead (its settings the
+recipe's for N), so that one reverse model serves en->de arms of a larger budget.
 
 A finished arm (train.log's last line: stopped after `--updates` updates, with
 checkpoints/checkpoint_last.pt) is scored again without training; a finished
@@ -59,14 +68,17 @@ from corpora import (
     corpus_entry,
     finished,
     read_gz,
+    recipe,
     run,
     test_source,
     train,
     translate,
 )
 
+from transformer.schedule import Budget, budget_settings
+
 HERE = Path(__file__).resolve().parent
-ARMS = ("reverse", "baseline", "bt_tagged", "bt_untagged", "bt_beam")
+ARMS = ("reverse", "baseline", "bt_tagged", "bt_untagged", "bt_beam", "bt_finetune")
 MONO_FILES = 5  # train.1.de.gz ... train.5.de.gz
 TAG = "'<bt>'"  # quoted for Hydra's override grammar
 
@@ -169,6 +181,41 @@ def arm_overrides(arm: str, root: Path, out: Path, bt_weight: float, updates: in
             f"trainer.validate_every_updates={max(1, updates // 40)}"]  # replaces recipe's
 
 
+def whole_budget_settings(updates: int, settings: str) -> list[str]:
+    """The batch size, dropout and lr (with its warmup share) of `recipe(updates, settings)`
+    as explicit overrides, so that a stage of fewer updates keeps them."""
+    if settings == "wu":
+        return [o for o in recipe(updates, settings) if o.startswith(
+            ("data.max_tokens=", "model.dropout=", "optim.lr=", "optim.warmup_fraction="))]
+    row = budget_settings(Budget(max_updates=updates))
+    return [f"data.max_tokens={row.update_tokens}", f"model.dropout={row.dropout}",
+            f"optim.lr={row.lr}", f"optim.warmup_fraction={row.warmup_fraction}"]
+
+
+def finetune_updates(updates: int, share: float) -> int:
+    """`bt_finetune`'s updates on Multi30k alone (the rest are the mixture's)."""
+    return min(updates - 1, max(1, round(updates * share)))
+
+
+def train_finetune(out: Path, root: Path, updates: int, share: float, bt_weight: float,
+                   settings: str) -> float | None:
+    """`bt_finetune`: OUT/bt_pretrain on the tagged mixture, then OUT/bt_finetune from its
+    average on Multi30k alone -> the seconds both stages took (None when both were done)."""
+    fixed = whole_budget_settings(updates, settings)
+    tokens = int(fixed[0].split("=")[1])
+    finetune = finetune_updates(updates, share)
+    pretrain = updates - finetune
+    seconds = train(out / "bt_pretrain", root, pretrain,
+                    [*fixed, *arm_overrides("bt_tagged", root, out, bt_weight, pretrain)],
+                    out / "bt_pretrain.log", settings)
+    window = 400 * 8192 // tokens  # recipe's validation window, at these batches
+    more = train(out / "bt_finetune", root, finetune,
+                 [*fixed, f"init_from={average(out / 'bt_pretrain')}",
+                  f"trainer.validate_after_updates={max(0, finetune - window)}"],
+                 out / "bt_finetune.log", settings)
+    return None if seconds is None and more is None else (seconds or 0) + (more or 0)
+
+
 def score(run_dir: Path, root: Path, src: str, tgt: str) -> dict:
     """Test BLEU and chrF (beam 5) of the last-5 average and of the last checkpoint."""
     source = test_source(root, run_dir, src)
@@ -217,6 +264,9 @@ def main() -> None:
                         help="Multi30k task 2's folder: train.{1..5}.de.gz")
     parser.add_argument("--out", type=Path, default=Path("runs/backtranslation"))
     parser.add_argument("--updates", type=int, default=4000)
+    parser.add_argument("--reverse-updates", type=int, metavar="N",
+                        help="the reverse model's updates (default: --updates); its batch "
+                             "size, dropout and lr are the ones the recipe chooses for N")
     parser.add_argument("--arms", nargs="+", default=["reverse", "baseline", "bt_tagged"],
                         choices=ARMS)
     add_settings_option(parser, "budget")
@@ -224,6 +274,9 @@ def main() -> None:
                         help="the synthetic corpus's share of every epoch (data.corpora "
                              "weight); the real corpus gets the rest (default 0.5). A "
                              "finished arm keeps the weights it trained with")
+    parser.add_argument("--finetune-share", type=float, default=0.4,
+                        help="bt_finetune: the share of --updates spent on Multi30k alone "
+                             "after the mixture (default 0.4)")
     parser.add_argument("--engine", choices=("torch", "ctranslate2"),
                         default="ctranslate2" if has_ctranslate2() else "torch",
                         help="the back-translation's engine (default ctranslate2, an int8 "
@@ -234,38 +287,54 @@ def main() -> None:
                         help="a finished run of bench/corpora.py's clean arm (the same "
                              "--updates) to score as the baseline instead of training one")
     args = parser.parse_args()
+    if not 0 < args.finetune_share < 1:
+        parser.error(f"--finetune-share must be in (0, 1), got {args.finetune_share}")
     if not 0 < args.bt_weight < 1:
         parser.error(f"--bt-weight must be in (0, 1), got {args.bt_weight}")
     root, mono, out = args.root.resolve(), args.mono.resolve(), args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    reverse_updates = args.reverse_updates or args.updates
     for arm in sorted(set(args.arms), key=ARMS.index):  # the reverse model first
         run_dir = out / arm
+        updates = reverse_updates if arm == "reverse" else args.updates
         if arm == "baseline" and args.reuse_clean:
             run_dir = args.reuse_clean.resolve()
             if not finished(run_dir, args.updates):
                 raise SystemExit(f"--reuse-clean {run_dir}: not a run finished after "
                                  f"{args.updates} updates")
-        if arm.startswith("bt_") and not finished(run_dir, args.updates):
-            if not finished(out / "reverse", args.updates):
-                raise SystemExit(f"{arm} needs the reverse model: run --arms reverse first")
+        done = (finished(run_dir, finetune_updates(args.updates, args.finetune_share))
+                if arm == "bt_finetune" else finished(run_dir, args.updates))
+        if arm.startswith("bt_") and not done:
+            if not finished(out / "reverse", reverse_updates):
+                raise SystemExit(f"{arm} needs the reverse model trained for "
+                                 f"{reverse_updates} updates: run --arms reverse first")
             name = "bt_beam" if arm == "bt_beam" else "bt_sampled"
             report = backtranslate(out, mono_text(mono, out), name, args.engine, args.threads)
             if report is not None:
                 results.setdefault("backtranslation", {})[name] = report
                 results_path.write_text(json.dumps(results, indent=1))
-        seconds = train(run_dir, root, args.updates,
-                        arm_overrides(arm, root, out, args.bt_weight, args.updates),
-                        out / f"{arm}.log", args.settings)
+        if arm == "bt_finetune":
+            seconds = train_finetune(out, root, updates, args.finetune_share, args.bt_weight,
+                                     args.settings)
+        else:
+            seconds = train(run_dir, root, updates,
+                            arm_overrides(arm, root, out, args.bt_weight, updates),
+                            out / f"{arm}.log", args.settings)
         src, tgt = ("de", "en") if arm == "reverse" else ("en", "de")
         cleaning = run_dir / "cleaning.txt"
         results[arm] = {
-            "updates": args.updates, "settings": args.settings, "pair": f"{src}-{tgt}",
+            "updates": updates, "settings": args.settings, "pair": f"{src}-{tgt}",
             "run_dir": str(run_dir),
             "weights": corpus_weights(run_dir), **times(run_dir, seconds, results.get(arm, {})),
             "test": score(run_dir, root, src, tgt),
             "cleaning": cleaning.read_text() if cleaning.is_file() else None}
+        if arm == "bt_finetune":
+            stage = out / "bt_pretrain"
+            results[arm]["pretrain"] = {
+                "updates": updates - finetune_updates(updates, args.finetune_share),
+                "train_s": training_seconds(stage), "weights": corpus_weights(stage)}
         results["gains"] = gains(results)
         results_path.write_text(json.dumps(results, indent=1))
         print(arm, json.dumps(results[arm]["test"]), flush=True)

@@ -1,7 +1,8 @@
 """Benchmark: the kernels one decoding step of Transformer-Tiny runs, on the CPU at hand, for
 the choices the code makes by measurement: oneDNN or BLAS for the linear layers (`ops.linear`),
 the explicit attention path or PyTorch's fused kernel by the number of keys
-(`attention.CPU_FUSED_MIN_KEYS`), and the key/value cache's layout (`attention.KVCache`).
+(`attention.CPU_FUSED_MIN_KEYS`; for a decoding step's self- and cross-attention and for the
+encoder's), and the key/value cache's layout (`attention.KVCache`).
 
 Every variant is timed in turn, round after round in one process (the best round counts), at
 one thread, on the shapes beam search at beam 5 produces for ~150 sentences of Multi30k
@@ -73,11 +74,13 @@ def linears(rounds: int) -> None:
 
 
 def attention(rounds: int) -> None:
-    print("attention of one step, us per call: explicit / fused (SDPA); "
-          "self = 750 rows x 1 query, cross = 150 sentences x 5 queries")
-    for keys in (4, 8, 16, 32, 48, 64):
+    print("attention without gradients, us per call: explicit / fused (SDPA); a decoding "
+          "step's self = 750 rows x 1 query, cross = 150 sentences x 5 queries; the "
+          "encoder's = 150 sentences x as many queries as keys")
+    for keys in (4, 8, 16, 32, 48, 64, 96, 128, 192):
         cells = []
-        for name, batch, queries in (("self", 750, 1), ("cross", 150, 5)):
+        for name, batch, queries in (("self", 750, 1), ("cross", 150, 5),
+                                     ("encoder", 150, keys)):
             q = torch.randn(batch, HEADS, queries, HEAD_DIM)
             k, v = (torch.randn(batch, HEADS, keys, HEAD_DIM) for _ in range(2))
             cells.append(f"{name} " + compared(
