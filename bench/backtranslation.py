@@ -202,7 +202,7 @@ def train_finetune(out: Path, root: Path, updates: int, share: float, bt_weight:
     """`bt_finetune`: OUT/bt_pretrain on the tagged mixture, then OUT/bt_finetune from its
     average on Multi30k alone -> the seconds both stages took (None when both were done)."""
     fixed = whole_budget_settings(updates, settings)
-    tokens = int(fixed[0].split("=")[1])
+    tokens = next(int(o.split("=")[1]) for o in fixed if o.startswith("data.max_tokens="))
     finetune = finetune_updates(updates, share)
     pretrain = updates - finetune
     seconds = train(out / "bt_pretrain", root, pretrain,
