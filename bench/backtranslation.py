@@ -73,6 +73,8 @@ from corpora import (
     test_source,
     train,
     translate,
+    update_tokens,
+    validation_window,
 )
 
 from transformer.schedule import Budget, budget_settings
@@ -202,13 +204,12 @@ def train_finetune(out: Path, root: Path, updates: int, share: float, bt_weight:
     """`bt_finetune`: OUT/bt_pretrain on the tagged mixture, then OUT/bt_finetune from its
     average on Multi30k alone -> the seconds both stages took (None when both were done)."""
     fixed = whole_budget_settings(updates, settings)
-    tokens = next(int(o.split("=")[1]) for o in fixed if o.startswith("data.max_tokens="))
     finetune = finetune_updates(updates, share)
     pretrain = updates - finetune
     seconds = train(out / "bt_pretrain", root, pretrain,
                     [*fixed, *arm_overrides("bt_tagged", root, out, bt_weight, pretrain)],
                     out / "bt_pretrain.log", settings)
-    window = 400 * 8192 // tokens  # recipe's validation window, at these batches
+    window = validation_window(update_tokens(updates, settings))  # at the whole budget's batches
     more = train(out / "bt_finetune", root, finetune,
                  [*fixed, f"init_from={average(out / 'bt_pretrain')}",
                   f"trainer.validate_after_updates={max(0, finetune - window)}"],

@@ -54,18 +54,28 @@ def recipe(updates: int, settings: str = "wu") -> list[str]:
     limits = [f"trainer.max_updates={updates}", "trainer.max_time=null",
               "trainer.max_target_tokens=null"]
     if settings == "wu":
-        update_tokens = 8192
         limits += ["data.max_tokens=8192", "model.dropout=0.3", "optim.lr=0.005",
                    f"optim.cooldown_updates={updates // 3}", "optim.cooldown=0",
                    "optim.warmup_fraction=null"]
-    elif settings == "budget":
-        update_tokens = budget_settings(Budget(max_updates=updates)).update_tokens
-    else:
-        raise SystemExit(f"unknown settings {settings!r}: one of {', '.join(SETTINGS)}")
-    window = 400 * 8192 // update_tokens  # the same tokens at any batch size
+    window = validation_window(update_tokens(updates, settings))
     return [*limits, "trainer.validate_after_budget=0",
             f"trainer.validate_after_updates={max(0, updates - window)}",
             f"trainer.validate_every_updates={max(1, updates // 3)}"]
+
+
+def update_tokens(updates: int, settings: str) -> int:
+    """The tokens of one update of `recipe(updates, settings)`."""
+    if settings == "wu":
+        return 8192
+    if settings == "budget":
+        return budget_settings(Budget(max_updates=updates)).update_tokens
+    raise SystemExit(f"unknown settings {settings!r}: one of {', '.join(SETTINGS)}")
+
+
+def validation_window(tokens: int) -> int:
+    """The last updates the recipe validates in: 400 of 8,192 tokens, the same tokens at
+    any batch size."""
+    return 400 * 8192 // tokens
 
 
 def add_settings_option(parser: argparse.ArgumentParser, default: str) -> None:
