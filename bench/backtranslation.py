@@ -23,14 +23,17 @@ Arms (`--arms`, run one after another in this order, never two trainings at once
   updates (OUT/bt_pretrain), then, from the average of its last 5 checkpoints
   (`init_from`: its weights and tokenizers, a new optimizer and schedule), Multi30k alone
   for the rest. Both stages take the batch size, dropout and lr the recipe chooses for the
-  whole `--updates`, so the arm makes as many updates of the same size as `baseline`.
+  whole `--updates`, so the arm makes as many updates of the same size as `baseline`;
+  `--finetune-bt beam` gives its mixture the beam-5 back-translation instead of the sampled.
 The default is `reverse baseline bt_tagged`. An epoch of the mixed arms has as many pairs as
 both corpora (174,000: six Multi30k epochs), so they also validate, and number a checkpoint,
 every `--updates` / 40 updates (100 of 2,048 tokens: under half a Multi30k epoch): their
 last 5 checkpoints come from the cooldown, as the baseline's epoch checkpoints do.
 Validation: Multi30k's val.
 
-The back-translation: OUT/mono.de (train.{1..5}.de.gz of `--mono` as one plain file) by the
+The back-translation: OUT/mono.de (train.{1..5}.de.gz of `--mono` as one plain file; with
+`--mono-sentences` only the descriptions written as a sentence, a capital first letter and a
+final . ! or ?, as 99.1% of Multi30k's German side is and 76.8% of task 2's) by the
 reverse model's averaged checkpoint, sampled top-k 10 (the command's default) or beam 5
 (`bt_beam`); with `--engine ctranslate2` (the default when the ctranslate2 module imports) by
 its int8 export (`transformer export --quantization int8`, OUT/reverse/ct2-int8), 2 threads.
@@ -41,7 +44,10 @@ Its sentences/s come from the command's last line on stderr.
         --arms reverse baseline bt_tagged [--reuse-clean runs/corpora/clean]
 
 `--reverse-updates N` trains the reverse model for N updates instead (its settings the
-recipe's for N), so that one reverse model serves en->de arms of a larger budget.
+recipe's for N), so that one reverse model serves en->de arms of a larger budget. At the
+recipe's own budget (`--updates 8020`: 8,192-token batches, dropout 0.3, lr 0.005, a warmup
+of 2,000 updates, which each `bt_finetune` stage takes as the same share of its updates),
+`--reuse-clean` can name a finished `transformer train` run of the recipe as the baseline.
 
 A finished arm (train.log's last line: stopped after `--updates` updates, with
 checkpoints/checkpoint_last.pt) is scored again without training; a finished
@@ -77,6 +83,7 @@ from corpora import (
     validation_window,
 )
 
+import transformer
 from transformer.schedule import Budget, budget_settings
 
 HERE = Path(__file__).resolve().parent
@@ -133,13 +140,20 @@ def export_int8(checkpoint: Path, directory: Path) -> Path:
     return directory
 
 
-def mono_text(mono: Path, out: Path) -> Path:
+# A description written as a sentence: a capital first letter, a final . ! or ? (closing
+# quotes or brackets may follow).
+SENTENCE = re.compile(r"[A-ZÄÖÜ].*[.!?][\"'\u201c\u201d)\]]*")
+
+
+def mono_text(mono: Path, out: Path, sentences_only: bool) -> Path:
     """OUT/mono.de: the German descriptions of task 2, train.1.de.gz to train.5.de.gz one
-    after another as one plain file (made once)."""
+    after another as one plain file (made once); with `sentences_only`, only those written
+    as a sentence (`SENTENCE`), the form of Multi30k's German side."""
     path = out / "mono.de"
     if not path.is_file():
         lines = [line for k in range(1, MONO_FILES + 1)
-                 for line in read_gz(mono / f"train.{k}.de.gz")]
+                 for line in read_gz(mono / f"train.{k}.de.gz")
+                 if not sentences_only or SENTENCE.fullmatch(line.strip())]
         partial = out / "mono.de.partial"
         partial.write_text("\n".join(lines) + "\n", encoding="utf-8")
         partial.replace(path)
@@ -167,15 +181,23 @@ def backtranslate(out: Path, mono: Path, name: str, engine: str, threads: int) -
             **command_report(log)}
 
 
-def arm_overrides(arm: str, root: Path, out: Path, bt_weight: float, updates: int) -> list[str]:
-    """The data overrides of one arm (after the recipe's)."""
+def synthetic_name(arm: str, finetune_bt: str) -> str:
+    """The back-translation an arm trains on: `bt_beam` or `bt_sampled`."""
+    beam = arm == "bt_beam" or (arm == "bt_finetune" and finetune_bt == "beam")
+    return "bt_beam" if beam else "bt_sampled"
+
+
+def arm_overrides(arm: str, root: Path, out: Path, bt_weight: float, updates: int,
+                  synthetic: str = "bt_sampled") -> list[str]:
+    """The data overrides of one arm (after the recipe's); `synthetic` names the
+    back-translation of the mixed arms (OUT/SYNTHETIC.en)."""
     if arm == "reverse":
         return ["data.src_lang=de", "data.tgt_lang=en"]
     if arm == "baseline":
         return []
     real = corpus_entry("real", root / "train.en.gz", root / "train.de.gz",
                         weight=f"{1 - bt_weight:g}", filters="none")
-    synthetic = out / ("bt_beam.en" if arm == "bt_beam" else "bt_sampled.en")
+    synthetic = out / f"{synthetic}.en"
     tag = {} if arm == "bt_untagged" else {"tag": TAG}
     bt = corpus_entry("bt", synthetic, out / "mono.de", **tag, weight=f"{bt_weight:g}",
                       filters="basic")
@@ -190,8 +212,18 @@ def whole_budget_settings(updates: int, settings: str) -> list[str]:
         return [o for o in recipe(updates, settings) if o.startswith(
             ("data.max_tokens=", "model.dropout=", "optim.lr=", "optim.warmup_fraction="))]
     row = budget_settings(Budget(max_updates=updates))
+    fraction = row.warmup_fraction
+    if fraction is None:  # a warmup in updates (Wu et al.'s 2,000): as a share, for a stage
+        fraction = round(recipe_warmup_updates() / updates, 4)
     return [f"data.max_tokens={row.update_tokens}", f"model.dropout={row.dropout}",
-            f"optim.lr={row.lr}", f"optim.warmup_fraction={row.warmup_fraction}"]
+            f"optim.lr={row.lr}", f"optim.warmup_fraction={fraction}"]
+
+
+def recipe_warmup_updates() -> int:
+    """`optim.warmup_updates` of the recipe (the package's configs/experiment/multi30k.yaml),
+    the warmup of a budget whose settings give no share of the updates."""
+    preset = Path(transformer.__file__).parent / "configs/experiment/multi30k.yaml"
+    return yaml.safe_load(preset.read_text())["optim"]["warmup_updates"]
 
 
 def finetune_updates(updates: int, share: float) -> int:
@@ -200,14 +232,16 @@ def finetune_updates(updates: int, share: float) -> int:
 
 
 def train_finetune(out: Path, root: Path, updates: int, share: float, bt_weight: float,
-                   settings: str) -> float | None:
-    """`bt_finetune`: OUT/bt_pretrain on the tagged mixture, then OUT/bt_finetune from its
-    average on Multi30k alone -> the seconds both stages took (None when both were done)."""
+                   settings: str, synthetic: str) -> float | None:
+    """`bt_finetune`: OUT/bt_pretrain on the tagged mixture (with OUT/SYNTHETIC.en), then
+    OUT/bt_finetune from its average on Multi30k alone -> the seconds both stages took (None
+    when both were done)."""
     fixed = whole_budget_settings(updates, settings)
     finetune = finetune_updates(updates, share)
     pretrain = updates - finetune
     seconds = train(out / "bt_pretrain", root, pretrain,
-                    [*fixed, *arm_overrides("bt_tagged", root, out, bt_weight, pretrain)],
+                    [*fixed, *arm_overrides("bt_tagged", root, out, bt_weight, pretrain,
+                                            synthetic)],
                     out / "bt_pretrain.log", settings)
     window = validation_window(update_tokens(updates, settings))  # at the whole budget's batches
     more = train(out / "bt_finetune", root, finetune,
@@ -278,6 +312,14 @@ def main() -> None:
     parser.add_argument("--finetune-share", type=float, default=0.4,
                         help="bt_finetune: the share of --updates spent on Multi30k alone "
                              "after the mixture (default 0.4)")
+    parser.add_argument("--finetune-bt", choices=("sampled", "beam"), default="sampled",
+                        help="bt_finetune's back-translation: sampled top-k 10 (default) "
+                             "or beam 5 (OUT/bt_beam.en, as bt_beam's)")
+    parser.add_argument("--mono-sentences", action="store_true",
+                        help="back-translate only the German descriptions written as a "
+                             "sentence (a capital first letter, a final . ! or ?), as "
+                             "Multi30k's German side is; OUT/mono.de keeps the choice it "
+                             "was made with")
     parser.add_argument("--engine", choices=("torch", "ctranslate2"),
                         default="ctranslate2" if has_ctranslate2() else "torch",
                         help="the back-translation's engine (default ctranslate2, an int8 "
@@ -311,14 +353,15 @@ def main() -> None:
             if not finished(out / "reverse", reverse_updates):
                 raise SystemExit(f"{arm} needs the reverse model trained for "
                                  f"{reverse_updates} updates: run --arms reverse first")
-            name = "bt_beam" if arm == "bt_beam" else "bt_sampled"
-            report = backtranslate(out, mono_text(mono, out), name, args.engine, args.threads)
+            name = synthetic_name(arm, args.finetune_bt)
+            report = backtranslate(out, mono_text(mono, out, args.mono_sentences), name,
+                                   args.engine, args.threads)
             if report is not None:
                 results.setdefault("backtranslation", {})[name] = report
                 results_path.write_text(json.dumps(results, indent=1))
         if arm == "bt_finetune":
             seconds = train_finetune(out, root, updates, args.finetune_share, args.bt_weight,
-                                     args.settings)
+                                     args.settings, synthetic_name(arm, args.finetune_bt))
         else:
             seconds = train(run_dir, root, updates,
                             arm_overrides(arm, root, out, args.bt_weight, updates),
