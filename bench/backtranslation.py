@@ -188,7 +188,7 @@ def synthetic_name(arm: str, finetune_bt: str) -> str:
 
 
 def arm_overrides(arm: str, root: Path, out: Path, bt_weight: float, updates: int,
-                  synthetic: str = "bt_sampled") -> list[str]:
+                  synthetic: str) -> list[str]:
     """The data overrides of one arm (after the recipe's); `synthetic` names the
     back-translation of the mixed arms (OUT/SYNTHETIC.en)."""
     if arm == "reverse":
@@ -364,7 +364,8 @@ def main() -> None:
                                      args.settings, synthetic_name(arm, args.finetune_bt))
         else:
             seconds = train(run_dir, root, updates,
-                            arm_overrides(arm, root, out, args.bt_weight, updates),
+                            arm_overrides(arm, root, out, args.bt_weight, updates,
+                                          synthetic_name(arm, args.finetune_bt)),
                             out / f"{arm}.log", args.settings)
         src, tgt = ("de", "en") if arm == "reverse" else ("en", "de")
         cleaning = run_dir / "cleaning.txt"
