@@ -14,7 +14,8 @@ model size on disk (our checkpoint file; CTranslate2's model.bin) and cased sacr
 are against our engine's beam search at the same thread count, measured in this run. The
 exports are made here from --checkpoint with scripts/export.py's code. Both engines decode
 with the same settings (beam 5, the checkpoint's alpha, max length 1.5 * source + 10, batches
-of --max-tokens source tokens); see transformer/engines.py for how the searches are matched.
+of --max-tokens source tokens, by default the package's own: a baseline row decodes with its
+package's); see transformer/engines.py for how the searches are matched.
 
 Rows: each engine's beam search ("torch int8": ours with its linear layers in PyTorch's
 dynamic int8, `Translator.load(..., quantize="int8")`, compared with "ct2 int8"); "sampling"
@@ -153,7 +154,8 @@ def child(args: argparse.Namespace) -> None:
     translator = load_translator(args.model, engine, device="cpu", threads=threads,
                                  **quantized)
     lines = inputs(args, "en")
-    options = {"max_tokens": args.max_tokens, **mode_options(mode)}
+    # unset: the package's own default (the baseline's, for its row)
+    options = {"max_tokens": args.max_tokens or DEFAULT_MAX_TOKENS, **mode_options(mode)}
     translator.translate(lines[:8], **options)  # warm-up
     reset_peak_rss()
     seconds = []
@@ -171,7 +173,7 @@ def run(name: str, model: str, threads: int, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", name, "--model", model, "--threads",
            str(threads), "--data-root", args.data_root, "--sentences", str(args.sentences),
            "--join", str(args.join), "--repeats", str(args.repeats),
-           "--max-tokens", str(args.max_tokens)]
+           *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else [])]
     env = dict(os.environ)
     if name == BASELINE:  # that package first on the path, ahead of the installed one
         env["PYTHONPATH"] = os.pathsep.join([str(Path(args.baseline_src) / "src"),
@@ -239,7 +241,8 @@ def main() -> None:
                         help="timed runs per process; the best counts")
     parser.add_argument("--rounds", type=int, default=2,
                         help="passes over all engines, one process each; the best counts")
-    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    parser.add_argument("--max-tokens", type=int,
+                        help="source tokens per batch (default: each package's own)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--baseline-src", metavar="DIR",
                         help="also time our beam search as the package in DIR/src decodes")
@@ -334,7 +337,7 @@ def main() -> None:
                   f"{INT8_MAX_SIZE:.0%} of {what}: {share:.1%}")
     if args.profile:
         profile(args.checkpoint, inputs(args, "en"),
-                min(args.threads), args.max_tokens)
+                min(args.threads), args.max_tokens or DEFAULT_MAX_TOKENS)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@ that `transformer.search.beam_search` (cached, batched, preallocated, parallel) 
 
 The same search as the module docstring of `transformer.search` states it: the best 2 * beam
 candidates per step, EOS candidates among the best `beam` finish, the best `beam` others go
-on; stop at `beam` finished hypotheses or when the best alive one cannot beat the nbest-th
-finished one. Scores accumulate in float32, as the fast search's do.
+on; stop at `beam` finished hypotheses once the best candidate of a step has been EOS, or
+when the best alive one cannot beat the nbest-th finished one. Scores accumulate in float32,
+as the fast search's do.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def reference_beam_search(model: Transformer, src_ids: list[int], *, beam_size: 
     enc = model.encode(src, lens)
     alive = [([], torch.zeros((), dtype=torch.float32))]  # (output tokens, log-prob)
     finished: list[Hypothesis] = []
+    top_ended = False  # the best candidate of a step was EOS
     for step in range(max_len + 1):
         candidates = []  # (cumulative log-prob, parent index, token)
         for parent, (tokens, score) in enumerate(alive):
@@ -40,6 +42,7 @@ def reference_beam_search(model: Transformer, src_ids: list[int], *, beam_size: 
                     candidates.append((score + lp, parent, token))
         candidates.sort(key=lambda cand: -float(cand[0]))  # stable: ties keep row order
         candidates = candidates[:2 * beam_size]
+        top_ended = top_ended or candidates[0][2] == c.eos_id
         for rank, (score, parent, token) in enumerate(candidates):
             if token == c.eos_id and rank < beam_size:
                 log_prob = float(score)
@@ -48,7 +51,7 @@ def reference_beam_search(model: Transformer, src_ids: list[int], *, beam_size: 
         finished.sort(key=lambda h: -h.score)
         alive = [(alive[parent][0] + [token], score) for score, parent, token in candidates
                  if token != c.eos_id][:beam_size]
-        if len(finished) >= beam_size or not alive:
+        if (len(finished) >= beam_size and top_ended) or not alive:
             break
         best_reachable = max(float(s) for _, s in alive) / length_penalty(max_len + 1, alpha)
         if len(finished) >= nbest and best_reachable <= finished[nbest - 1].score:

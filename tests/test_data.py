@@ -19,7 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 from transformer import config
-from transformer.batching import eval_batches, padding_ratio, train_batches
+from transformer.batching import eval_batches, padding_ratio, sorted_batches, train_batches
 from transformer.config import DataConfig
 from transformer.data import corpus_files, eval_set_files, load_data
 from transformer.errors import DataError
@@ -415,6 +415,22 @@ def test_rank_shards_split_batches_when_needed():
         train_batches(lens[:2], lens[:2], 40, seed=0, epoch=0, rank=0, world_size=3)
     with pytest.raises(ValueError, match="rank"):
         train_batches(lens, lens, 40, seed=0, epoch=0, rank=4, world_size=4)
+
+
+@pytest.mark.parametrize("max_examples", [None, 1, 7, 64])
+def test_decoding_batches_keep_both_bounds(max_examples):
+    """`sorted_batches` (decoding): every sentence once, longest first, each batch within
+    `max_tokens` padded positions and `max_examples` sentences, and as full as they allow."""
+    sizes = torch.randint(1, 60, (500,), generator=torch.Generator().manual_seed(0)).tolist()
+    batches = sorted_batches(range(len(sizes)), sizes, 1000, max_examples)
+    assert sorted(i for b in batches for i in b) == list(range(len(sizes)))
+    flat = [sizes[i] for b in batches for i in b]
+    assert flat == sorted(sizes, reverse=True)
+    limit = max_examples or len(sizes)
+    for b, after in zip(batches, batches[1:] + [[]], strict=True):
+        assert len(b) * max(sizes[i] for i in b) <= 1000 and len(b) <= limit
+        if after:  # the next sentence did not fit: too long, or the batch was full
+            assert (len(b) + 1) * sizes[b[0]] > 1000 or len(b) == limit
 
 
 def test_padding_at_most_ten_percent_on_multi30k(full_multi30k, multi30k_tokenizer):

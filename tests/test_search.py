@@ -98,6 +98,28 @@ def test_batched_equals_one_at_a_time(model):
         assert single[0][0].score == pytest.approx(batched[i][0].score, rel=1e-5, abs=1e-5)
 
 
+@pytest.mark.parametrize("request_", [DecodingRequest(beam_size=4),
+                                      DecodingRequest(beam_size=1,
+                                                      sampling=Sampling(topk=10, seed=1))])
+def test_search_corpus_batches_at_most_max_rows(model, monkeypatch, request_):
+    """Each batch of `search_corpus` holds at most MAX_ROWS rows (sentences x beam; one row
+    per sentence when sampling), and its results equal one batch's."""
+    import transformer.search as search
+    sources = [torch.randint(4, 50, (n,)).tolist() + [EOS_ID]
+               for n in torch.randint(1, 9, (30,), generator=torch.Generator().manual_seed(0))]
+    whole = search_corpus(model, sources, request_, max_tokens=10_000)
+    sizes = []
+    for name in ("beam_search", "sample_search"):
+        traced = getattr(search, name)
+        monkeypatch.setattr(search, name, lambda m, src, *a, _f=traced, **k: (
+            sizes.append(src.shape[0]), _f(m, src, *a, **k))[1])
+    monkeypatch.setattr(search, "MAX_ROWS", 24)
+    capped = search_corpus(model, sources, request_, max_tokens=10_000)
+    assert sum(sizes) == len(sources) and max(sizes) == 24 // request_.beam_size
+    if request_.sampling is None:  # draws depend on the batch; beam search does not
+        assert tokens(capped) == tokens(whole)
+
+
 def test_nbest_lists(model):
     src, lens = random_batch()
     alpha = 0.8

@@ -28,11 +28,12 @@ __all__ = ["pack", "sorted_batches", "pad_rows", "shard", "train_batches", "eval
 Lengths = Sequence[int]  # a numpy array or a list: pieces per sentence
 
 
-def pack(order: Sequence[int], sizes: Sequence[int], max_tokens: int) -> list[np.ndarray]:
+def pack(order: Sequence[int], sizes: Sequence[int], max_tokens: int,
+         max_examples: int | None = None) -> list[np.ndarray]:
     """Greedily cut `order` into consecutive batches with B * max(size) <= max_tokens,
-    where `sizes[i]` is what example i costs per row (for a pair: its larger side). A single
-    example larger than max_tokens gets a batch of its own. Batches are index arrays (of
-    `order`'s integer type)."""
+    where `sizes[i]` is what example i costs per row (for a pair: its larger side), and B <=
+    `max_examples` where given. A single example larger than max_tokens gets a batch of its
+    own. Batches are index arrays (of `order`'s integer type)."""
     order = np.asarray(order)
     if not np.issubdtype(order.dtype, np.integer):
         order = order.astype(np.int64)  # e.g. an empty list
@@ -41,21 +42,26 @@ def pack(order: Sequence[int], sizes: Sequence[int], max_tokens: int) -> list[np
     start = 0
     while start < len(order):
         # at most max_tokens // sizes[start] rows fit: look no further than that
-        window = ordered[start:start + max(1, max_tokens // max(1, ordered[start])) + 1]
+        most = max(1, max_tokens // max(1, ordered[start]))  # rows that fit, at the most
+        if max_examples is not None:
+            most = min(most, max(1, max_examples))
+        window = ordered[start:start + most + 1]
         longest = np.maximum.accumulate(window)
-        fits = np.arange(1, len(window) + 1) * longest <= max_tokens
+        rows = np.arange(1, len(window) + 1)
+        fits = (rows * longest <= max_tokens) & (rows <= most)
         end = start + max(1, int(np.argmin(fits)) if not fits.all() else len(window))
         batches.append(order[start:end])
         start = end
     return batches
 
 
-def sorted_batches(indices: Sequence[int], sizes: Sequence[int],
-                   max_tokens: int) -> list[list[int]]:
+def sorted_batches(indices: Sequence[int], sizes: Sequence[int], max_tokens: int,
+                   max_examples: int | None = None) -> list[list[int]]:
     """`indices` longest first (by `sizes[i]`), packed into batches of at most `max_tokens`
-    positions (`pack`): how decoding, scoring and alignment batch their sentences."""
+    positions and `max_examples` sentences (`pack`): how decoding, scoring and alignment
+    batch their sentences."""
     order = sorted(indices, key=lambda i: -sizes[i])
-    return [batch.tolist() for batch in pack(order, sizes, max_tokens)]
+    return [batch.tolist() for batch in pack(order, sizes, max_tokens, max_examples)]
 
 
 def pad_rows(rows: Sequence[Sequence[int]], pad_value: int,

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-__all__ = ["Dropout", "Linear", "linear", "quantize_int8",
+__all__ = ["Dropout", "Linear", "linear", "quantize_int8", "INT8_MAX_OUTPUTS",
            "linear_label_smoothed_cross_entropy"]
 
 
@@ -68,6 +68,26 @@ _QUANTIZATION_DEPRECATED = (
 
 M = TypeVar("M", bound=nn.Module)
 
+# Outputs (rows x features) per call of an int8 linear layer, at the most: PyTorch's int8
+# kernels (FBGEMM) take 2-8x longer per row once a call's output grows past ~2-4 MB of
+# float32 (beam search's output projection over 128 or more rows of an 8,000-piece
+# vocabulary), where oneDNN's float32 keeps its pace (docs/RESULTS.md, "Engines on every CPU").
+INT8_MAX_OUTPUTS = 2 ** 19
+
+
+class _RowChunkedInt8Linear(torch.ao.nn.quantized.dynamic.Linear):
+    """PyTorch's dynamically quantized `Linear` (the same weights and state), applied to
+    at most `INT8_MAX_OUTPUTS // out_features` input rows at a time."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = max(1, INT8_MAX_OUTPUTS // self.out_features)
+        flat = x.reshape(-1, x.shape[-1])  # (rows, in_features)
+        if len(flat) <= rows:
+            return super().forward(x)
+        linear = super().forward
+        out = torch.cat([linear(chunk) for chunk in flat.split(rows)])
+        return out.view(*x.shape[:-1], out.shape[-1])
+
 
 def quantize_int8(model: M) -> M:
     """A copy of `model`, in eval mode, whose linear layers (`nn.Linear` and ours,
@@ -85,8 +105,12 @@ def quantize_int8(model: M) -> M:
         # a deprecation notice on every model load, about an API that still works: not ours
         for message, category in _QUANTIZATION_DEPRECATED:
             warnings.filterwarnings("ignore", message=message, category=category)
-        return torch.ao.quantization.quantize_dynamic(quantized, {nn.Linear},
-                                                      dtype=torch.qint8, inplace=True)
+        quantized = torch.ao.quantization.quantize_dynamic(quantized, {nn.Linear},
+                                                           dtype=torch.qint8, inplace=True)
+    for module in quantized.modules():
+        if type(module) is torch.ao.nn.quantized.dynamic.Linear:
+            module.__class__ = _RowChunkedInt8Linear  # the same state, computed in row chunks
+    return quantized
 
 
 class Dropout(nn.Dropout):

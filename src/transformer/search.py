@@ -1,7 +1,8 @@
 """Decoding: beam search and sampling over the model's key/value cache, and
 `search_corpus`, the one path that decodes many sentences (training validation, the
-Translator, evaluation): sorted longest first, packed into token-bounded batches
-(`batching.pack`), returned in input order, as a `decoding.DecodingRequest` asks.
+Translator, evaluation): sorted longest first, packed into batches of at most `max_tokens`
+source tokens and `MAX_ROWS` rows (`batching.pack`), returned in input order, as a
+`decoding.DecodingRequest` asks.
 
 Each step feeds only the newest token; the decoder's self-attention keys/values grow in a
 preallocated cache (`attention.KVCache`), and the encoder-decoder keys/values are projected
@@ -25,8 +26,10 @@ and CTranslate2 search:
   log-probs computed in place, then one top-k). Candidates ending in EOS among the best
   `beam` become finished hypotheses; the best `beam` others go on, so the beam stays full
   (with `beam_size=1` this is exactly greedy search, whatever alpha).
-- A sentence stops when it has `beam` finished hypotheses, or earlier when the best alive
-  one cannot beat its `nbest`-th finished one: log-probs only decrease and, for alpha >= 0,
+- A sentence stops when it has `beam` finished hypotheses and, at some step, its best
+  candidate was EOS (CTranslate2's and OpenNMT-py's rule: as long as the most likely
+  continuation goes on, a longer output may still win), or earlier when the best alive one
+  cannot beat its `nbest`-th finished one: log-probs only decrease and, for alpha >= 0,
   `lp` only grows with length, so an alive hypothesis with cumulative log-prob `s` can at
   best reach `s / lp(max_len + 1)`. All finished hypotheses are ranked by their GNMT score.
 - Finished sentences leave the batch (their rows are dropped from the caches).
@@ -57,7 +60,11 @@ __all__ = ["DEFAULT_ALPHA", "DEFAULT_MAX_TOKENS", "Hypothesis", "GREEDY", "draw"
            "pad_prefixes", "search_corpus", "decode_batches"]
 
 DEFAULT_ALPHA = DecodingSettings.alpha
-DEFAULT_MAX_TOKENS = 2048  # source tokens per decoding batch, padding included, before the beam
+DEFAULT_MAX_TOKENS = 8192  # source tokens per decoding batch, padding included, before the beam
+# Rows (sentences x beam) per decoding batch, at the most: fewer rows make each step's fixed
+# costs weigh more, many more make the caches copied every step outgrow the CPU's caches
+# (docs/RESULTS.md, "Engines on every CPU").
+MAX_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -225,11 +232,12 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
     start, eos = model.config.start_id, model.config.eos_id
     num_sentences = src.shape[0]
     finished: list[list[Hypothesis]] = [[] for _ in range(num_sentences)]  # best first
-    # Per active sentence (a): original index, length limit, hypotheses finished so far
-    # and the nbest-th best of their scores.
+    # Per active sentence (a): original index, length limit, hypotheses finished so far,
+    # the nbest-th best of their scores, and whether its best candidate has ended.
     sentence = torch.arange(num_sentences, device=device)
     max_lens, prefix, prefix_lens = _limits(model, src_valid_lens, request, prefix)
     num_finished = torch.zeros(num_sentences, dtype=torch.long, device=device)
+    top_ended = torch.zeros(num_sentences, dtype=torch.bool, device=device)
     kth_score = torch.full((num_sentences,), float("-inf"), device=device)
     scores = torch.zeros(num_sentences, 1, device=device)  # (a, rows per sentence)
     ranks = torch.arange(2 * k, device=device)
@@ -257,16 +265,18 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
                 _collect(finished, kth_score, ended, tokens, parents, top_scores, sentence,
                          step, alpha, nbest)
                 num_finished += ended.sum(1)
+                top_ended |= ended[:, 0]
             rows = parents.gather(1, pick).view(-1)  # (a * k,) the hypotheses that go on
             tokens = torch.cat([tokens.index_select(0, rows), token.gather(1, pick).view(-1, 1)],
                                1)
             _select_cache(cache, rows)
             scores = top_scores.gather(1, pick).masked_fill(~going_on.gather(1, pick),
                                                             float("-inf"))  # (a, k)
-            # 3. A sentence stops when it has k finished hypotheses, or when nothing alive
-            #    can beat its nbest-th finished one (nothing alive: -inf, <= any score).
+            # 3. A sentence stops when it has k finished hypotheses and its best candidate
+            #    has ended, or when nothing alive can beat its nbest-th finished one
+            #    (nothing alive: -inf, <= any score).
             best_reachable = scores.max(1).values / length_penalty(max_lens + 1, alpha)
-            done = (best_reachable <= kth_score) | (num_finished >= k)
+            done = (best_reachable <= kth_score) | ((num_finished >= k) & top_ended)
             num_done = int(done.sum())  # the step's one host sync, besides collecting
             if num_done == num_active:
                 break
@@ -274,9 +284,10 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
                 keep = (~done).nonzero().squeeze(1)  # active sentences that go on
                 keep_rows = (keep[:, None] * k + ranks[:k]).view(-1)
                 scores, num_finished, kth_score, max_lens, sentence, enc_outputs, \
-                    src_valid_lens, prefix, prefix_lens = (x.index_select(0, keep) for x in (
-                        scores, num_finished, kth_score, max_lens, sentence, enc_outputs,
-                        src_valid_lens, prefix, prefix_lens))
+                    src_valid_lens, prefix, prefix_lens, top_ended = (
+                        x.index_select(0, keep) for x in (
+                            scores, num_finished, kth_score, max_lens, sentence, enc_outputs,
+                            src_valid_lens, prefix, prefix_lens, top_ended))
                 tokens = tokens.index_select(0, keep_rows)
                 _select_cache(cache, keep_rows, keep)
     return [hyps[:nbest] for hyps in finished]
@@ -359,9 +370,10 @@ def search_corpus(model: Transformer, sources: Sequence[Sequence[int]],
                   ) -> list[list[Hypothesis]]:
     """Beam search (or, with `request.sampling`, `sample_search`) over many sentences, in
     input order: the one decoding path of validation, translation and evaluation (batched
-    by `decode_batches`). `sources` are source ids with EOS appended; `prefixes`, target ids
-    each output must begin with (one list per source, [] for none). `beam_size=1` is
-    greedy search. Sampling draws from one generator seeded with `sampling.seed`."""
+    by `decode_batches`, at most `MAX_ROWS` rows, sentences x beam, a batch). `sources` are
+    source ids with EOS appended; `prefixes`, target ids each output must begin with (one
+    list per source, [] for none). `beam_size=1` is greedy search. Sampling draws from one
+    generator seeded with `sampling.seed`."""
     device = model.device
 
     def search(batch: list[int]) -> list[list[Hypothesis]]:
@@ -378,20 +390,22 @@ def search_corpus(model: Transformer, sources: Sequence[Sequence[int]],
 
     parallel = torch.get_num_threads() if device.type == "cpu" else 1
     return decode_batches(sources, search, nbest=request.nbest, max_tokens=max_tokens,
+                          max_sentences=max(1, MAX_ROWS // request.beam_size),
                           parallel=parallel, on_progress=on_progress)
 
 
 def decode_batches(sources: Sequence[Sequence[int]],
                    search: Callable[[list[int]], list[list[Hypothesis]]], *,
-                   nbest: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS, parallel: int = 1,
+                   nbest: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS,
+                   max_sentences: int | None = None, parallel: int = 1,
                    on_progress: Callable[[int], None] | None = None
                    ) -> list[list[Hypothesis]]:
     """Run `search` (a batch, as indices into `sources` -> n-best lists) over many
     sentences and return the results in input order; shared by `search_corpus` and the
     CTranslate2 engine. An empty source gets `nbest` empty hypotheses without a search.
     Sentences are sorted longest first and packed into batches of at most `max_tokens`
-    padded source tokens (before the beam expands them). `on_progress(n)` is called as
-    sentences are done.
+    padded source tokens (before the beam expands them) and `max_sentences` sentences
+    (`search_corpus`: `MAX_ROWS` rows). `on_progress(n)` is called as sentences are done.
 
     `parallel` > 1 (CPU threads): when there are at least that many batches, that many
     batches are searched at once, each on its own thread with single-threaded operators,
@@ -401,7 +415,7 @@ def decode_batches(sources: Sequence[Sequence[int]],
     todo = [i for i, ids in enumerate(sources) if ids]
     if on_progress is not None and len(todo) < len(sources):
         on_progress(len(sources) - len(todo))
-    batches = sorted_batches(todo, [len(ids) for ids in sources], max_tokens)
+    batches = sorted_batches(todo, [len(ids) for ids in sources], max_tokens, max_sentences)
     for batch, found in _each_searched(batches, search, parallel):
         for i, sentence_hyps in zip(batch, found, strict=True):
             results[i] = sentence_hyps
