@@ -143,6 +143,12 @@ def inputs(args: argparse.Namespace, lang: str) -> list[str]:
     return [" ".join(lines[i:i + n]) for i in range(0, len(lines) - n + 1, n)]
 
 
+def max_tokens(args: argparse.Namespace) -> int:
+    """--max-tokens, or else the default of the package this process imported (in a
+    baseline row's process: the baseline's own)."""
+    return args.max_tokens or DEFAULT_MAX_TOKENS
+
+
 def child(args: argparse.Namespace) -> None:
     """One row at one thread count: time it, report speed, memory and the output."""
     threads = args.threads[0]
@@ -154,8 +160,7 @@ def child(args: argparse.Namespace) -> None:
     translator = load_translator(args.model, engine, device="cpu", threads=threads,
                                  **quantized)
     lines = inputs(args, "en")
-    # unset: the package's own default (the baseline's, for its row)
-    options = {"max_tokens": args.max_tokens or DEFAULT_MAX_TOKENS, **mode_options(mode)}
+    options = {"max_tokens": max_tokens(args), **mode_options(mode)}
     translator.translate(lines[:8], **options)  # warm-up
     reset_peak_rss()
     seconds = []
@@ -337,7 +342,7 @@ def main() -> None:
                   f"{INT8_MAX_SIZE:.0%} of {what}: {share:.1%}")
     if args.profile:
         profile(args.checkpoint, inputs(args, "en"),
-                min(args.threads), args.max_tokens or DEFAULT_MAX_TOKENS)
+                min(args.threads), max_tokens(args))
 
 
 if __name__ == "__main__":

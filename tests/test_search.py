@@ -108,11 +108,16 @@ def test_search_corpus_batches_at_most_max_rows(model, monkeypatch, request_):
     sources = [torch.randint(4, 50, (n,)).tolist() + [EOS_ID]
                for n in torch.randint(1, 9, (30,), generator=torch.Generator().manual_seed(0))]
     whole = search_corpus(model, sources, request_, max_tokens=10_000)
-    sizes = []
+    sizes = []  # sentences per batch searched
+
+    def counted(searcher):
+        def run(model, src, *args, **kwargs):
+            sizes.append(src.shape[0])
+            return searcher(model, src, *args, **kwargs)
+        return run
+
     for name in ("beam_search", "sample_search"):
-        traced = getattr(search, name)
-        monkeypatch.setattr(search, name, lambda m, src, *a, _f=traced, **k: (
-            sizes.append(src.shape[0]), _f(m, src, *a, **k))[1])
+        monkeypatch.setattr(search, name, counted(getattr(search, name)))
     monkeypatch.setattr(search, "MAX_ROWS", 24)
     capped = search_corpus(model, sources, request_, max_tokens=10_000)
     assert sum(sizes) == len(sources) and max(sizes) == 24 // request_.beam_size
