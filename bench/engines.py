@@ -37,7 +37,8 @@ CTranslate2 float32 and ours int8 against CTranslate2 int8, as the ratio of sent
 Above the table: the CPU's name and what PyTorch's kernels use on it (its CPU capability,
 e.g. AVX512, and whether it computes bf16 natively, AVX512-BF16).
 `--profile` also prints where our engine's time goes (torch.profiler, operators by self CPU
-time, at the smallest thread count: the least disturbed by other processes).
+time, at the smallest thread count: the least disturbed by other processes), how many
+decoding steps ran over how many rows, and the fixed cost of a step (one input alone).
 Needs `ctranslate2` (pip install -e '.[export]').
 """
 
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -59,6 +61,7 @@ from memory import reset_peak_rss, status_mib  # bench/memory.py
 
 from transformer.engines import load_translator
 from transformer.export import VOCAB_MAP, export_ctranslate2
+from transformer.model import Transformer
 from transformer.multi30k import DEFAULT_ROOT, download_multi30k
 from transformer.runtime import cpu_has_native_bf16
 from transformer.search import DEFAULT_MAX_TOKENS
@@ -211,14 +214,16 @@ def load_average() -> float:
 
 
 def profile(checkpoint: str, lines: list[str], threads: int, max_tokens: int) -> None:
-    """Where our engine's beam search spends its time, by operator."""
+    """Where our engine's beam search spends its time, by operator; how many decoding steps
+    it ran over how many rows; and the fixed cost of a step (one input decoded alone, whose
+    few rows make the step's work negligible beside its Python and per-operator costs)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     torch.set_num_threads(threads)
     translator = Translator.load(checkpoint, device="cpu")
     translator.translate(lines[:8], beam_size=5)
-    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+    with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         start = time.perf_counter()
         translator.translate(lines, beam_size=5, max_tokens=max_tokens)
         wall = time.perf_counter() - start
@@ -230,6 +235,33 @@ def profile(checkpoint: str, lines: list[str], threads: int, max_tokens: int) ->
         print(f"  {e.key:<32}{e.self_cpu_time_total / 1e6:>8.2f}s"
               f"{100 * e.self_cpu_time_total / total:>7.1f}%{e.count:>9} calls")
     print(f"  (operator self time {total / 1e6:.2f}s; the rest of the wall time is Python)")
+    steps = decoding_steps(prof, translator.model)
+    print(f"decoding steps: {len(steps)}, {sum(steps):,} rows in all (sentences x beam), "
+          f"{sum(steps) / max(len(steps), 1):.0f} rows per step on average")
+    alone = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        translator.translate(lines[:1], beam_size=5)
+        alone = min(alone, time.perf_counter() - start)
+    with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        translator.translate(lines[:1], beam_size=5)
+    alone_steps = decoding_steps(prof, translator.model)
+    print(f"one input alone: {1000 * alone / max(len(alone_steps), 1):.2f} ms per step "
+          f"({len(alone_steps)} steps of {max(alone_steps, default=0)} rows or fewer)")
+
+
+def decoding_steps(prof: torch.profiler.profile, model: Transformer) -> list[int]:
+    """The rows of each decoding step a profile saw: one call of the output projection
+    (input (rows, 1, d) against the (vocabulary, d) weight; through oneDNN, or `F.linear`
+    where `ops.linear` does not take oneDNN) per step."""
+    weight = list(model.output_projection.weight.shape)
+    rows = []
+    for event in prof.events():
+        shapes = event.input_shapes
+        if (event.name in ("mkldnn::_linear_pointwise", "aten::linear") and len(shapes) > 1
+                and shapes[1] == weight):
+            rows.append(math.prod(shapes[0][:-1]))
+    return rows
 
 
 def main() -> None:
