@@ -114,6 +114,40 @@ def test_an_int8_layer_takes_its_rows_in_chunks_of_bounded_output():
     assert torch.equal(quantized(small), reference_int8(layer)(small))
 
 
+def test_beam_search_feeds_the_int8_projection_whole_sentences_in_its_row_chunks(
+        random_pair, monkeypatch):
+    """Beam search computes the int8 output projection's logits `rows_per_call` rows at a
+    time (whole sentences: a sentence's beams are ranked together), never joined into one
+    (rows, vocabulary) tensor, and finds what one joined projection finds: the layer cuts
+    the same chunks from it."""
+    import transformer.ops as ops
+    import transformer.search as search
+
+    model = random_pair[1].model
+    projection = model.output_projection
+    beam = 5
+    monkeypatch.setattr(ops, "INT8_MAX_OUTPUTS", 2 * beam * projection.out_features)
+    assert ops.rows_per_call(projection) == 2 * beam  # two sentences per call
+    assert ops.rows_per_call(random_pair[0].model.output_projection) is None  # float32: any
+    gen = torch.Generator().manual_seed(0)
+    sources = [torch.randint(4, 60, (n,), generator=gen).tolist() + [model.config.eos_id]
+               for n in (3, 5, 7, 7, 9, 11, 12)]
+    request = DecodingRequest(beam_size=beam, nbest=2)
+    rows = []  # rows of each call of the projection
+    hook = projection.register_forward_pre_hook(lambda _, args: rows.append(len(args[0])))
+    try:
+        chunked = search_corpus(model, sources, request)
+    finally:
+        hook.remove()
+    assert max(rows) == 2 * beam and rows.count(beam) > 0  # the odd sentence out: 1 of 7
+    monkeypatch.setattr(search, "rows_per_call", lambda layer: None)  # one call per step
+    joined = search_corpus(model, sources, request)
+    assert [[h.tokens for h in hyps] for hyps in chunked] == \
+        [[h.tokens for h in hyps] for hyps in joined]
+    assert [[h.score for h in hyps] for hyps in chunked] == \
+        [[h.score for h in hyps] for hyps in joined]
+
+
 def test_the_model_given_is_left_float32(random_checkpoint):
     model = model_from_checkpoint(load_checkpoint(random_checkpoint), "random")
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-__all__ = ["Dropout", "Linear", "linear", "quantize_int8", "INT8_MAX_OUTPUTS",
+__all__ = ["Dropout", "Linear", "linear", "quantize_int8", "INT8_MAX_OUTPUTS", "rows_per_call",
            "linear_label_smoothed_cross_entropy"]
 
 
@@ -77,16 +77,26 @@ INT8_MAX_OUTPUTS = 2 ** 19
 
 class _RowChunkedInt8Linear(torch.ao.nn.quantized.dynamic.Linear):
     """PyTorch's dynamically quantized `Linear` (the same weights and state), applied to
-    at most `INT8_MAX_OUTPUTS // out_features` input rows at a time."""
+    at most `rows_per_call(self)` input rows at a time."""
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = max(1, INT8_MAX_OUTPUTS // self.out_features)
+        rows = rows_per_call(self)
         flat = x.reshape(-1, x.shape[-1])  # (rows, in_features)
         if len(flat) <= rows:
             return super().forward(x)
         linear = super().forward
         out = torch.cat([linear(chunk) for chunk in flat.split(rows)])
         return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def rows_per_call(layer: nn.Module) -> int | None:
+    """The most input rows `layer` computes in one call: an int8 layer's row chunks
+    (`INT8_MAX_OUTPUTS // out_features`), None (any number) for the others. A caller that
+    splits its own work at this size (beam search over the output projection) saves the
+    joining of the chunks' outputs."""
+    if isinstance(layer, _RowChunkedInt8Linear):
+        return max(1, INT8_MAX_OUTPUTS // layer.out_features)
+    return None
 
 
 def quantize_int8(model: M) -> M:

@@ -23,7 +23,8 @@ and CTranslate2 search:
 - Step 0 decodes one row per sentence and its best tokens start the beam, so no hypothesis
   appears twice.
 - Each step takes the best 2 * beam candidates over beam x vocab per sentence (each row's
-  log-probs computed in place, then one top-k). Candidates ending in EOS among the best
+  log-probs computed in place, then one top-k; an int8 output projection's logits a chunk
+  of whole sentences at a time, `ops.rows_per_call`). Candidates ending in EOS among the best
   `beam` become finished hypotheses; the best `beam` others go on, so the beam stays full
   (with `beam_size=1` this is exactly greedy search, whatever alpha).
 - A sentence stops when it has `beam` finished hypotheses and, at some step, its best
@@ -54,6 +55,7 @@ from .blocks import LayerCache
 from .config import DecodingSettings
 from .decoding import DecodingRequest, Sampling
 from .model import Transformer, eval_mode
+from .ops import rows_per_call
 
 __all__ = ["DEFAULT_ALPHA", "DEFAULT_MAX_TOKENS", "Hypothesis", "GREEDY", "draw",
            "length_penalty", "max_output_lengths", "sample_search", "beam_search",
@@ -92,20 +94,21 @@ def max_output_lengths(src_valid_lens: Tensor, max_len_a: float, max_len_b: int,
     return lengths.clamp(min=1, max=max_positions - 1)
 
 
-def _next_logits(model: Transformer, tokens: Tensor, enc_outputs: Tensor,
+def _next_hidden(model: Transformer, tokens: Tensor, enc_outputs: Tensor,
                  src_valid_lens: Tensor, cache: list[LayerCache] | None) -> Tensor:
-    """Float logits of the next token after each row of `tokens` (rows, steps) ->
-    (rows, vocab), PAD and the start token at -inf (never generated).
-
-    With `cache` only the last token is fed; without, the decoder re-reads the whole prefix.
-    """
+    """The decoder's state after each row of `tokens` (rows, steps) -> (rows, d), the
+    output projection's input. With `cache` only the last token is fed; without, the
+    decoder re-reads the whole prefix."""
     if cache is not None:
-        logits = model.decode_step(tokens[:, -1:], enc_outputs, src_valid_lens, cache)[:, -1]
-    else:
-        hidden = model.decoder(tokens, enc_outputs, src_valid_lens)[:, -1]  # (rows, d)
-        logits = model.output_projection(hidden)
+        return model.decoder(tokens[:, -1:], enc_outputs, src_valid_lens, cache)[:, -1]
+    return model.decoder(tokens, enc_outputs, src_valid_lens)[:, -1]
+
+
+def _logits(model: Transformer, hidden: Tensor) -> Tensor:
+    """Float logits of the next token from decoder states (rows, d) -> (rows, vocab), PAD
+    and the start token at -inf (never generated)."""
     c = model.config
-    logits = logits.float()
+    logits = model.output_projection(hidden).float()
     logits[:, c.pad_id] = float("-inf")  # a fresh tensor: in place
     logits[:, c.start_id] = float("-inf")
     return logits
@@ -166,7 +169,8 @@ def sample_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
         log_probs = torch.zeros(src.shape[0], device=src.device)
         sentence = torch.arange(src.shape[0], device=src.device)  # original index of each row
         for step in range(int(max_lens.max()) + 1):
-            logits = _next_logits(model, tokens, enc_outputs, src_valid_lens, cache)
+            logits = _logits(model, _next_hidden(model, tokens, enc_outputs, src_valid_lens,
+                                                 cache))
             forced = _forced(step, max_lens, prefix, prefix_lens, eos)  # (rows,)
             next_tokens = torch.where(forced >= 0, forced, draw(sampling, logits, generator))
             log_probs += torch.log_softmax(logits, -1, out=logits).gather(
@@ -250,11 +254,12 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
         tokens = torch.full((num_sentences, 1), start, dtype=torch.long, device=device)
         for step in range(int(max_lens.max()) + 1):
             num_active, width = scores.shape
-            logits = _next_logits(model, tokens, enc_outputs, src_valid_lens, cache)
+            hidden = _next_hidden(model, tokens, enc_outputs, src_valid_lens, cache)
             forced = _forced(step, max_lens, prefix, prefix_lens, eos).repeat_interleave(width)
             # 1. The best 2k candidates: at most k end in EOS (one per row), so at least k
             #    others remain to fill the beam.
-            top_scores, beam, token = _top_candidates(scores, logits, 2 * k, forced)  # (a, 2k)
+            top_scores, beam, token = _best_candidates(model, scores, hidden, 2 * k,
+                                                       forced)  # (a, 2k)
             parents = torch.arange(num_active, device=device)[:, None] * width + beam
             alive = top_scores > float("-inf")
             # 2. EOS candidates among the best k finish; the best k others go on.
@@ -291,6 +296,25 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
                 tokens = tokens.index_select(0, keep_rows)
                 _select_cache(cache, keep_rows, keep)
     return [hyps[:nbest] for hyps in finished]
+
+
+def _best_candidates(model: Transformer, scores: Tensor, hidden: Tensor, k: int,
+                     forced: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """`_top_candidates` from the decoder states `hidden` (a * width, d): the logits of
+    as many whole sentences at a time as the output projection takes rows in one call
+    (`ops.rows_per_call`; the int8 layer's row chunks), so that they are never joined
+    into one (rows, vocab) tensor."""
+    num_active, width = scores.shape
+    rows = rows_per_call(model.output_projection)
+    per = num_active if rows is None else max(1, rows // width)  # sentences per chunk
+    if per >= num_active:
+        return _top_candidates(scores, _logits(model, hidden), k, forced)
+    chunks = []
+    for a in range(0, num_active, per):
+        part = slice(a * width, (a + per) * width)  # the rows of sentences a to a + per
+        chunks.append(_top_candidates(scores[a:a + per], _logits(model, hidden[part]), k,
+                                      forced[part]))
+    return tuple(torch.cat(parts) for parts in zip(*chunks, strict=True))
 
 
 def _top_candidates(scores: Tensor, logits: Tensor, k: int,
