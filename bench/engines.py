@@ -252,8 +252,8 @@ def profile(checkpoint: str, lines: list[str], threads: int, max_tokens: int) ->
 
 def decoding_steps(prof: torch.profiler.profile, model: Transformer) -> list[int]:
     """The rows of each decoding step a profile saw: one call of the output projection
-    (input (rows, 1, d) against the (vocabulary, d) weight; through oneDNN, or `F.linear`
-    where `ops.linear` does not take oneDNN) per step."""
+    (its input's rows against the (vocabulary, d) weight; through oneDNN, or `F.linear`
+    where `ops.linear` does not take oneDNN) per step, for a float32 model."""
     weight = list(model.output_projection.weight.shape)
     rows = []
     for event in prof.events():

@@ -110,7 +110,7 @@ class CTranslate2Translator(BaseTranslator):
         self._src_pieces = tokenizers.src.vocabulary()
         self._tgt_pieces = tokenizers.tgt.vocabulary()
         self._tgt_ids = {piece: i for i, piece in enumerate(self._tgt_pieces)}
-        # as search._next_logits masks PAD and the start token
+        # as search._logits masks PAD and the start token
         self._never = [[tokenizers.tgt.id_to_piece(i)]
                        for i in tokenizers.tgt.specials.never_generated]
 
