@@ -138,6 +138,17 @@ def test_lines(root: str, lang: str) -> list[str]:
     return read_lines(Path(root).expanduser() / f"test_2016_flickr.{lang}.gz")
 
 
+def add_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model and the inputs a decoding benchmark runs on (read back by `inputs`)."""
+    parser.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT,
+                        help=f"a trained model (default {DEFAULT_CHECKPOINT})")
+    parser.add_argument("--data-root", default=DEFAULT_ROOT,
+                        help="folder of the Multi30k files (default: the download cache)")
+    parser.add_argument("--sentences", type=int, default=1000)
+    parser.add_argument("--join", type=int, default=1, metavar="N",
+                        help="translate every N consecutive test lines as one input")
+
+
 def inputs(args: argparse.Namespace, lang: str) -> list[str]:
     """The first --sentences lines of test_2016_flickr in `lang`, each --join consecutive
     lines made one input (long inputs: --join 4 gives ~50-piece sources)."""
@@ -266,14 +277,8 @@ def decoding_steps(prof: torch.profiler.profile, model: Transformer) -> list[int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT,
-                        help=f"a trained model (default {DEFAULT_CHECKPOINT})")
-    parser.add_argument("--data-root", default=DEFAULT_ROOT,
-                        help="folder of the Multi30k files (default: the download cache)")
+    add_input_arguments(parser)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--sentences", type=int, default=1000)
-    parser.add_argument("--join", type=int, default=1, metavar="N",
-                        help="translate every N consecutive test lines as one input")
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed runs per process; the best counts")
     parser.add_argument("--rounds", type=int, default=2,

@@ -17,18 +17,16 @@ import statistics
 import time
 
 import torch
-from engines import DEFAULT_CHECKPOINT, cpu_description  # bench/engines.py
+from engines import add_input_arguments, cpu_description, inputs  # bench/engines.py
 
 import transformer.search as search
 from transformer import ops
-from transformer.multi30k import DEFAULT_ROOT
-from transformer.text import read_lines
 from transformer.translator import Translator
 
 VARIANTS = {"joined": lambda layer: None, "chunked": ops.rows_per_call}
 
 
-def paired_passes(translator: Translator, inputs: list[str], rounds: int
+def paired_passes(translator: Translator, sources: list[str], rounds: int
                   ) -> tuple[dict[str, list[float]], dict[str, list[str]]]:
     """Seconds per pass of each variant, and each variant's outputs."""
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
@@ -37,7 +35,7 @@ def paired_passes(translator: Translator, inputs: list[str], rounds: int
         for name in list(VARIANTS)[::1 if r % 2 == 0 else -1]:
             search.rows_per_call = VARIANTS[name]
             start = time.perf_counter()
-            outputs[name] = translator.translate(inputs, beam_size=5)
+            outputs[name] = translator.translate(sources, beam_size=5)
             times[name].append(time.perf_counter() - start)
     search.rows_per_call = ops.rows_per_call
     return times, outputs
@@ -45,30 +43,26 @@ def paired_passes(translator: Translator, inputs: list[str], rounds: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT)
-    parser.add_argument("--data-root", default=DEFAULT_ROOT)
-    parser.add_argument("--join", type=int, default=1,
-                        help="translate every N consecutive test lines as one input")
+    add_input_arguments(parser)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=8, help="pairs of passes")
     args = parser.parse_args()
-    lines = read_lines(f"{args.data_root}/test_2016_flickr.en.gz")
-    inputs = [" ".join(lines[i:i + args.join]) for i in range(0, len(lines), args.join)]
+    sources = inputs(args, "en")
     print(cpu_description())
     translator = Translator.load(args.checkpoint, device="cpu", quantize="int8")
     for threads in args.threads:
         torch.set_num_threads(threads)
-        translator.translate(inputs[:50], beam_size=5)  # warm up
-        times, outputs = paired_passes(translator, inputs, args.rounds)
+        translator.translate(sources[:50], beam_size=5)  # warm up
+        times, outputs = paired_passes(translator, sources, args.rounds)
         ratios = [joined / chunked
                   for joined, chunked in zip(times["joined"], times["chunked"], strict=True)]
         same = sum(a == b for a, b in zip(outputs["joined"], outputs["chunked"], strict=True))
-        print(f"{len(inputs)} inputs of {args.join} line(s), beam 5, int8, {threads} thread(s): "
-              f"joined {len(inputs) / statistics.median(times['joined']):.1f} sent/s, chunked "
-              f"{len(inputs) / statistics.median(times['chunked']):.1f} sent/s; chunked / "
+        print(f"{len(sources)} inputs of {args.join} line(s), beam 5, int8, {threads} thread(s): "
+              f"joined {len(sources) / statistics.median(times['joined']):.1f} sent/s, chunked "
+              f"{len(sources) / statistics.median(times['chunked']):.1f} sent/s; chunked / "
               f"joined speed, median of {args.rounds} pairs {statistics.median(ratios):.3f}x "
               f"(pairs {min(ratios):.3f}x-{max(ratios):.3f}x); the same output on "
-              f"{same}/{len(inputs)} inputs")
+              f"{same}/{len(sources)} inputs")
 
 
 if __name__ == "__main__":

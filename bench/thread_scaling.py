@@ -12,30 +12,27 @@ and warmed up, the arrangements in turn, `--rounds` times; the medians count.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
 import time
 
-from engines import DEFAULT_CHECKPOINT, cpu_description  # bench/engines.py
+from engines import add_input_arguments, cpu_description, inputs  # bench/engines.py
 
-from transformer.multi30k import DEFAULT_ROOT
-
-# One process: load, warm up, say "ready", wait for a line, translate its share of the inputs.
+# One process: load, read its inputs (a JSON line), warm up, say "ready", wait for a line,
+# translate them.
 CHILD = r"""
-import sys, torch
-from transformer.text import read_lines
+import json, sys, torch
 from transformer.translator import Translator
-checkpoint, root, join, threads, share = sys.argv[1:6]
+checkpoint, threads = sys.argv[1:3]
 torch.set_num_threads(int(threads))
 translator = Translator.load(checkpoint, device="cpu")
-lines = read_lines(f"{root}/test_2016_flickr.en.gz")
-inputs = [" ".join(lines[i:i + int(join)]) for i in range(0, len(lines), int(join))]
-inputs = inputs if share == "all" else inputs[int(share)::2]
-translator.translate(inputs[:20], beam_size=5)
+sources = json.loads(sys.stdin.readline())
+translator.translate(sources[:20], beam_size=5)
 print("ready", flush=True)
 sys.stdin.readline()
-translator.translate(inputs, beam_size=5)
+translator.translate(sources, beam_size=5)
 print("done", flush=True)
 """
 
@@ -43,12 +40,15 @@ ARRANGEMENTS = {"1 thread": [(1, "all")], "2 threads": [(2, "all")],
                 "2 processes": [(1, "0"), (1, "1")]}
 
 
-def timed(args: argparse.Namespace, processes: list[tuple[int, str]]) -> float:
+def timed(checkpoint: str, sources: list[str], processes: list[tuple[int, str]]) -> float:
     """Seconds from the start signal until every process has translated its share."""
-    children = [subprocess.Popen([sys.executable, "-c", CHILD, args.checkpoint, args.data_root,
-                                  str(args.join), str(threads), share],
+    children = []
+    for threads, share in processes:
+        child = subprocess.Popen([sys.executable, "-c", CHILD, checkpoint, str(threads)],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-                for threads, share in processes]
+        child.stdin.write(json.dumps(sources if share == "all" else sources[int(share)::2]) + "\n")
+        child.stdin.flush()
+        children.append(child)
     for child in children:
         if child.stdout.readline().strip() != "ready":
             raise SystemExit(f"a translating process failed (exit {child.wait()})")
@@ -64,17 +64,15 @@ def timed(args: argparse.Namespace, processes: list[tuple[int, str]]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT)
-    parser.add_argument("--data-root", default=DEFAULT_ROOT)
-    parser.add_argument("--join", type=int, default=1,
-                        help="translate every N consecutive test lines as one input")
+    add_input_arguments(parser)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    sources = inputs(args, "en")
     print(cpu_description())
     times: dict[str, list[float]] = {name: [] for name in ARRANGEMENTS}
     for _ in range(args.rounds):
         for name, processes in ARRANGEMENTS.items():
-            times[name].append(timed(args, processes))
+            times[name].append(timed(args.checkpoint, sources, processes))
     one = statistics.median(times["1 thread"])
     for name, seconds in times.items():
         print(f"inputs of {args.join} line(s), beam 5, float32, {name:<11}: median "
