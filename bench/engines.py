@@ -32,7 +32,9 @@ earlier commit), for speed-ups measured in the same run.
 `--join 4` translates every 4 consecutive test lines as one input (long inputs; the
 references joined alike). Below the table, at every thread count: ours float32 against
 CTranslate2 float32 and ours int8 against CTranslate2 int8, as the ratio of sentences/s
-(target: at least 0.8x) and the share of inputs with the same output (float32: at least 99%).
+(target: at least 0.8x) and the share of inputs with the same output (float32: at least 99%);
+beside it the same ratio within each round (the two rows' processes run one after the other),
+whose spread shows how far the machine's drift moves the ratio.
 
 Above the table: the CPU's name and what PyTorch's kernels use on it (its CPU capability,
 e.g. AVX512, and whether it computes bf16 natively, AVX512-BF16).
@@ -49,6 +51,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -202,9 +205,13 @@ def run(name: str, model: str, threads: int, args: argparse.Namespace) -> dict:
 
 
 def print_comparisons(results: dict[tuple[int, str], dict], speed: dict[tuple[int, str], float],
-                      rows: list[str], threads: list[int]) -> None:
+                      seconds: dict[tuple[int, str], list[float]], rows: list[str],
+                      threads: list[int]) -> None:
     """Ours against CTranslate2 (`COMPARED`) at every thread count: the ratio of sentences/s
-    and how many inputs get the same output, each with PASS/FAIL against its target."""
+    and how many inputs get the same output, each with PASS/FAIL against its target; and
+    the ratio within each round (`seconds`: each round's best per row), whose two
+    processes ran minutes apart at most, where the best runs may lie a round apart: on a
+    machine whose speed drifts, the rounds' spread says how far the ratio can be trusted."""
     for ours, theirs in COMPARED.items():
         if ours not in rows or theirs not in rows:
             continue
@@ -212,10 +219,14 @@ def print_comparisons(results: dict[tuple[int, str], dict], speed: dict[tuple[in
             ratio = speed[n, ours] / speed[n, theirs]
             mine, other = results[n, ours]["hyps"], results[n, theirs]["hyps"]
             same = sum(a == b for a, b in zip(mine, other, strict=True)) / len(mine)
+            rounds = sorted(t / o for o, t in zip(seconds[n, ours], seconds[n, theirs],
+                                                  strict=True))
             print(f"{'PASS' if ratio >= MIN_RATIO else 'FAIL'}  {ours} >= {MIN_RATIO:g}x "
                   f"{theirs} at {n} thread(s): {ratio:.2f}x; the same output on {same:.1%} "
                   "of the inputs" + (f" ({'PASS' if same >= MIN_IDENTICAL else 'FAIL'}: "
-                                     f">= {MIN_IDENTICAL:.0%})" if ours == "torch" else ""))
+                                     f">= {MIN_IDENTICAL:.0%})" if ours == "torch" else "")
+                  + f"; per round {' '.join(f'{r:.2f}x' for r in rounds)}"
+                  f" (median {statistics.median(rounds):.2f}x)")
 
 
 def load_average() -> float:
@@ -325,10 +336,12 @@ def main() -> None:
                  for row, name in engine_of.items()}
         map_size = (Path(models[MAPPED]) / VOCAB_MAP).stat().st_size if MAPPED in rows else 0
         results: dict[tuple[int, str], dict] = {}
+        seconds: dict[tuple[int, str], list[float]] = {}  # every round's best, in order
         for _ in range(args.rounds):
             for threads in args.threads:
                 for row in rows:
                     r = run(row, models[engine_of[row]], threads, args)
+                    seconds.setdefault((threads, row), []).append(r["seconds"])
                     best = results.get((threads, row))
                     if best is None or r["seconds"] < best["seconds"]:
                         results[threads, row] = r
@@ -347,7 +360,7 @@ def main() -> None:
           f"{len(vocab_map.candidates):,} source pieces, <= {DEFAULT_PER_SOURCE} candidates "
           f"each + {len(vocab_map.always)} always, from {vocab_map.pairs:,} training pairs")
     top = max(args.threads)
-    print_comparisons(results, speed, rows, args.threads)
+    print_comparisons(results, speed, seconds, rows, args.threads)
     if BASELINE in rows:
         same = results[top, "torch"]["hyps"] == results[top, BASELINE]["hyps"]
         print(f"ours / {BASELINE} ({args.baseline_src}, {top} thread(s)): "
