@@ -125,6 +125,8 @@ def package_step(model: Transformer, s: dict, warm: bool
 
 def median_ms(call: Callable[[], object], calls: int, prepare: Callable[[], None] | None = None
               ) -> float:
+    """Milliseconds of `call`, the median of `calls` after 3 warm-up calls; `prepare` runs
+    before each, off the clock."""
     times = []
     for _ in range(calls + 3):
         if prepare is not None:

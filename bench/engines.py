@@ -209,9 +209,10 @@ def print_comparisons(results: dict[tuple[int, str], dict], speed: dict[tuple[in
                       threads: list[int]) -> None:
     """Ours against CTranslate2 (`COMPARED`) at every thread count: the ratio of sentences/s
     and how many inputs get the same output, each with PASS/FAIL against its target; and
-    the ratio within each round (`seconds`: each round's best per row), whose two
-    processes ran minutes apart at most, where the best runs may lie a round apart: on a
-    machine whose speed drifts, the rounds' spread says how far the ratio can be trusted."""
+    the ratio within each round, smallest first (`seconds`: each round's best run per row):
+    its two processes ran one after the other, where the best runs of all may come from
+    different rounds; on a machine whose speed drifts, the rounds' spread says how far the
+    ratio can be trusted."""
     for ours, theirs in COMPARED.items():
         if ours not in rows or theirs not in rows:
             continue
