@@ -28,6 +28,7 @@ from engines import DEFAULT_CHECKPOINT, cpu_description  # bench/engines.py
 from torch import Tensor
 from torch.nn import functional as F
 
+from transformer.attention import key_padding_mask
 from transformer.blocks import LayerCache
 from transformer.model import Transformer
 from transformer.translator import Translator
@@ -161,7 +162,7 @@ def main() -> None:
             s = state(model, sentences, steps, src_len, generator)
             args_ = (model, s["tokens"], s["rows"], s["self_keys"], s["self_values"],
                      s["cross_keys"], s["cross_values"],
-                     (torch.arange(src_len) < s["lens"][:, None])[:, None, None, :])
+                     key_padding_mask(s["lens"], src_len)[:, None, None, :])
             prepare, ours = package_step(model, s, warm=False)
             prepare()
             reference = ours()
