@@ -6,7 +6,7 @@ arithmetic takes the same time beside another; one bound by what the cores share
 cache, the memory bus) takes longer.
 
 Shapes: the start of a long batch at beam 5 (134 joined test inputs: 670 rows, 30 cached
-steps, 60 source tokens; d 128, 4 heads of 32, FFN 256, vocabulary 8,000).
+steps, 60 source tokens; d 128, 4 heads of 32, vocabulary 8,000).
 
     python bench/kernel_scaling.py [--rounds 3]
 """
