@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
+from collections.abc import Callable
 
 import torch
 from engines import add_input_arguments, cpu_description, inputs  # bench/engines.py
+from paired import paired_passes  # bench/paired.py
 
 import transformer.search as search
 from transformer import ops
@@ -26,19 +27,16 @@ from transformer.translator import Translator
 VARIANTS = {"joined": lambda layer: None, "chunked": ops.rows_per_call}
 
 
-def paired_passes(translator: Translator, sources: list[str], rounds: int
-                  ) -> tuple[dict[str, list[float]], dict[str, list[str]]]:
-    """Seconds per pass of each variant, and each variant's outputs."""
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    outputs: dict[str, list[str]] = {}
-    for r in range(rounds):
-        for name in list(VARIANTS)[::1 if r % 2 == 0 else -1]:
-            search.rows_per_call = VARIANTS[name]
-            start = time.perf_counter()
-            outputs[name] = translator.translate(sources, beam_size=5)
-            times[name].append(time.perf_counter() - start)
-    search.rows_per_call = ops.rows_per_call
-    return times, outputs
+def chunking(translator: Translator, sources: list[str], name: str
+             ) -> Callable[[], list[str]]:
+    """A pass over `sources` with the logits computed as variant `name` says."""
+    def translate() -> list[str]:
+        search.rows_per_call = VARIANTS[name]
+        try:
+            return translator.translate(sources, beam_size=5)
+        finally:
+            search.rows_per_call = ops.rows_per_call
+    return translate
 
 
 def main() -> None:
@@ -53,7 +51,8 @@ def main() -> None:
     for threads in args.threads:
         torch.set_num_threads(threads)
         translator.translate(sources[:50], beam_size=5)  # warm up
-        times, outputs = paired_passes(translator, sources, args.rounds)
+        times, outputs = paired_passes(
+            {name: chunking(translator, sources, name) for name in VARIANTS}, args.rounds)
         ratios = [joined / chunked
                   for joined, chunked in zip(times["joined"], times["chunked"], strict=True)]
         same = sum(a == b for a, b in zip(outputs["joined"], outputs["chunked"], strict=True))

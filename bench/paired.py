@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -39,6 +40,20 @@ def import_baseline(src: Path, folder: Path) -> type:
     shutil.copytree(src / "transformer", folder / BASELINE)
     sys.path.insert(0, str(folder))
     return importlib.import_module(f"{BASELINE}.translator").Translator
+
+
+def paired_passes(passes: dict[str, Callable[[], list[str]]], rounds: int
+                  ) -> tuple[dict[str, list[float]], dict[str, list[str]]]:
+    """Seconds of each named pass (a translation of the same inputs), the passes in turn,
+    the order flipped every round; and each pass's outputs."""
+    seconds: dict[str, list[float]] = {name: [] for name in passes}
+    outputs: dict[str, list[str]] = {}
+    for r in range(rounds):
+        for name in list(passes)[::1 if r % 2 == 0 else -1]:
+            start = time.perf_counter()
+            outputs[name] = passes[name]()
+            seconds[name].append(time.perf_counter() - start)
+    return seconds, outputs
 
 
 def main() -> None:
@@ -60,13 +75,9 @@ def main() -> None:
                        for name, cls in (("ours", Translator), ("baseline", baseline))}
         for translator in translators.values():
             translator.translate(sources[:50])  # warm up
-        seconds: dict[str, list[float]] = {name: [] for name in translators}
-        outputs: dict[str, list[str]] = {}
-        for r in range(args.rounds):
-            for name in (list(translators) if r % 2 == 0 else list(translators)[::-1]):
-                start = time.perf_counter()
-                outputs[name] = translators[name].translate(sources)
-                seconds[name].append(time.perf_counter() - start)
+        seconds, outputs = paired_passes(
+            {name: lambda t=translator: t.translate(sources)
+             for name, translator in translators.items()}, args.rounds)
     ratios = sorted(b / o for o, b in zip(seconds["ours"], seconds["baseline"], strict=True))
     same = sum(a == b for a, b in zip(outputs["ours"], outputs["baseline"], strict=True))
     print(cpu_description())
