@@ -122,7 +122,11 @@ ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTI
 def cpu_description() -> str:
     """The CPU's name (/proc/cpuinfo's "model name", else `platform.processor()`) and what
     PyTorch's CPU kernels use on it: its capability (e.g. AVX512) and native bf16
-    (`runtime.cpu_has_native_bf16`, the probe `precision: auto` decides by)."""
+    (`runtime.cpu_has_native_bf16`, the probe `precision: auto` decides by), and the
+    libraries our engine multiplies with there (`ops.FLOAT32_LIBRARY`, `ops.INT8_ONEDNN`)."""
+    # imported here: a baseline row's process imports this file with an older package
+    from transformer.ops import FLOAT32_LIBRARY, INT8_ONEDNN
+
     name = platform.processor() or "unknown CPU"
     try:
         with open("/proc/cpuinfo") as f:
@@ -132,7 +136,9 @@ def cpu_description() -> str:
         pass
     limits = [f"{key}={os.environ[key]}" for key in ISA_LIMITS if key in os.environ]
     return (f"CPU: {name}; torch CPU capability {torch.backends.cpu.get_cpu_capability()}, "
-            f"native bf16 (AVX512-BF16 or AMX) {cpu_has_native_bf16()}"
+            f"native bf16 (AVX512-BF16 or AMX) {cpu_has_native_bf16()}; our float32 products "
+            f"through {'oneDNN' if FLOAT32_LIBRARY == 'onednn' else 'BLAS'}, int8 wide layers "
+            f"through {'oneDNN (AMX)' if INT8_ONEDNN else 'FBGEMM'}"
             + (f"; instruction sets limited by {' '.join(limits)}" if limits else ""))
 
 

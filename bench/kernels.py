@@ -1,6 +1,7 @@
 """Benchmark: the kernels one decoding step of Transformer-Tiny runs, on the CPU at hand, for
 the choices the code makes by measurement: oneDNN or BLAS for the linear layers (`ops.linear`),
-the explicit attention path or PyTorch's fused kernel by the number of keys
+FBGEMM's or oneDNN's kernels for int8 layers (`ops.INT8_ONEDNN`), the explicit attention
+path or PyTorch's fused kernel by the number of keys
 (`attention.CPU_FUSED_MIN_KEYS`; for a decoding step's self- and cross-attention and for the
 encoder's), and the key/value cache's layout (`attention.KVCache`).
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -73,6 +75,37 @@ def linears(rounds: int) -> None:
         print(f"  {rows:>4} rows  " + "  ".join(cells))
 
 
+def int8_linear(layer: torch.nn.Linear, engine: str) -> torch.nn.Module:
+    """`layer` dynamically quantized to int8 (`torch.ao.quantization.quantize_dynamic`),
+    its weights packed for `engine`'s kernels ("x86": FBGEMM's; "onednn")."""
+    selected = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # PyTorch's deprecation notices
+            return torch.ao.quantization.quantize_dynamic(
+                torch.nn.Sequential(layer), {torch.nn.Linear}, dtype=torch.qint8)[0]
+    finally:
+        torch.backends.quantized.engine = selected
+
+
+def int8_linears(rounds: int) -> None:
+    if "onednn" not in torch.backends.quantized.supported_engines:
+        print("int8 linear layers: this PyTorch has no oneDNN int8 engine")
+        return
+    print("int8 linear layers (quantize_dynamic), us per call: FBGEMM / oneDNN (ops.INT8_ONEDNN "
+          "sends the wide layers to oneDNN on CPUs with AMX)")
+    for rows in (5, 40, 150, 750):
+        cells = []
+        for out_features, in_features in LINEARS:
+            layer = torch.nn.Linear(in_features, out_features)
+            fbgemm, onednn = int8_linear(layer, "x86"), int8_linear(layer, "onednn")
+            x = torch.randn(rows, in_features)
+            cells.append(f"{in_features}->{out_features}: "
+                         + compared((fbgemm, (x,)), (onednn, (x,)), rounds))
+        print(f"  {rows:>4} rows  " + "  ".join(cells))
+
+
 def attention(rounds: int) -> None:
     print("attention without gradients, us per call: explicit / fused (SDPA); a decoding "
           "step's self = 750 rows x 1 query, cross = 150 sentences x 5 queries; the "
@@ -110,6 +143,7 @@ def main() -> None:
     print(cpu_description())
     with torch.no_grad():
         linears(args.rounds)
+        int8_linears(args.rounds)
         attention(args.rounds)
         cache_layout(args.rounds)
 

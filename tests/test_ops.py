@@ -1,12 +1,51 @@
-"""ops.Dropout and ops.linear_label_smoothed_cross_entropy against PyTorch's own."""
+"""ops.Dropout, ops.linear and ops.linear_label_smoothed_cross_entropy against PyTorch's own."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
+from torch.profiler import ProfilerActivity, profile
 
-from transformer.ops import Dropout, linear_label_smoothed_cross_entropy
+import transformer.ops as ops
+from transformer.ops import Dropout, Linear, linear_label_smoothed_cross_entropy
+
+
+def operators(f) -> set[str]:
+    """The names of the operators `f()` runs (torch.profiler)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        f()
+    return {event.name for event in prof.events()}
+
+
+@pytest.mark.parametrize("library", ["onednn", "blas"])
+def test_linear_multiplies_float32_inference_through_the_library_chosen(library, monkeypatch):
+    """Whichever library `FLOAT32_LIBRARY` names (forced here), `Linear` computes `F.linear`
+    in inference (within float32 rounding), through oneDNN's operator for "onednn" only;
+    with gradients it is `F.linear` itself, exactly."""
+    monkeypatch.setattr(ops, "FLOAT32_LIBRARY", library)
+    torch.manual_seed(0)
+    layer, x = Linear(64, 96), torch.randn(5, 7, 64)
+    with torch.no_grad():
+        out = layer(x)
+        names = operators(lambda: layer(x))
+    torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    assert ("mkldnn::_linear_pointwise" in names) == (library == "onednn")
+    trained = layer(x)
+    assert trained.requires_grad and torch.equal(trained, F.linear(x, layer.weight, layer.bias))
+    assert "mkldnn::_linear_pointwise" not in operators(lambda: layer(x))
+
+
+@pytest.mark.parametrize("vendor, library", [("GenuineIntel", "blas"),
+                                             ("AuthenticAMD", "onednn"), (None, "onednn")])
+def test_the_float32_library_follows_the_cpus_vendor(vendor, library, monkeypatch):
+    """MKL's BLAS on Intel's CPUs (its AVX-512 kernels run there only), oneDNN elsewhere."""
+    monkeypatch.setattr(ops, "cpu_vendor", lambda: vendor)
+    if torch.backends.mkldnn.is_available():
+        assert ops.float32_library() == library
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert ops.float32_library() == "blas"  # PyTorch built without oneDNN
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])

@@ -16,6 +16,7 @@ from conftest import run_command  # tests/conftest.py
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
+import transformer.ops as ops
 from transformer.batching import pad_rows
 from transformer.checkpoint import load_checkpoint, model_from_checkpoint
 from transformer.cli import serve as serve_command
@@ -43,14 +44,27 @@ def linear_layers(model: nn.Module) -> dict[str, nn.Linear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
 
 
-def reference_int8(layer: nn.Linear) -> nn.Module:
-    """`quantize_dynamic` applied to a standalone `nn.Linear` with `layer`'s weights."""
+def reference_int8(layer: nn.Linear, engine: str | None = None) -> nn.Module:
+    """`quantize_dynamic` applied to a standalone `nn.Linear` with `layer`'s weights, packed
+    for `engine`'s kernels (default: the engine selected)."""
     alone = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None)
     alone.load_state_dict(layer.state_dict())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # PyTorch's deprecation notices
-        return torch.ao.quantization.quantize_dynamic(nn.Sequential(alone), {nn.Linear},
-                                                      dtype=torch.qint8)[0]
+    selected = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine or selected
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # PyTorch's deprecation notices
+            return torch.ao.quantization.quantize_dynamic(nn.Sequential(alone), {nn.Linear},
+                                                          dtype=torch.qint8)[0]
+    finally:
+        torch.backends.quantized.engine = selected
+
+
+def engine_of(layer: nn.Linear) -> str | None:
+    """The engine `quantize_int8` packs `layer` for: oneDNN's on CPUs with AMX for the wide
+    layers, else the engine selected (None)."""
+    wide = layer.out_features >= ops.INT8_ONEDNN_MIN_OUTPUTS
+    return "onednn" if ops.INT8_ONEDNN and wide else None
 
 
 def test_every_linear_layer_is_pytorchs_int8_layer(random_pair):
@@ -65,7 +79,7 @@ def test_every_linear_layer_is_pytorchs_int8_layer(random_pair):
     for name, layer in layers.items():
         assert isinstance(modules[name], DynamicQuantizedLinear), name
         x = torch.randn(3, 5, layer.in_features)
-        expected = reference_int8(layer)(x)
+        expected = reference_int8(layer, engine_of(layer))(x)
         assert torch.equal(modules[name](x), expected), name
         assert not torch.equal(layer(x), expected), name  # int8 is not float32
 
@@ -99,10 +113,11 @@ def test_tied_embedding_keeps_its_float32_values(random_checkpoint, random_pair)
     assert quantized.num_parameters == floating.num_parameters == original.num_parameters()
 
 
-def test_an_int8_layer_takes_its_rows_in_chunks_of_bounded_output():
-    """PyTorch's int8 layers slow down once a call's output is large: `quantize_int8`'s
-    layers take at most INT8_MAX_OUTPUTS // out_features rows per call, each chunk exactly
-    what the plain int8 layer gives for it, in order, whatever the leading shape."""
+def test_an_int8_layer_takes_its_rows_in_chunks_of_bounded_output(monkeypatch):
+    """FBGEMM's int8 layers slow down once a call's output is large: `quantize_int8`'s
+    layers on FBGEMM take at most INT8_MAX_OUTPUTS // out_features rows per call, each chunk
+    exactly what the plain int8 layer gives for it, in order, whatever the leading shape."""
+    monkeypatch.setattr(ops, "INT8_ONEDNN", False)  # a CPU without AMX
     torch.manual_seed(0)
     layer = nn.Linear(16, 4096)
     quantized = quantize_int8(nn.Sequential(layer))[0]
@@ -112,6 +127,32 @@ def test_an_int8_layer_takes_its_rows_in_chunks_of_bounded_output():
     assert torch.equal(quantized(x), expected.view(3, 100, 4096))
     small = torch.randn(rows, 16)  # one chunk: the plain layer itself
     assert torch.equal(quantized(small), reference_int8(layer)(small))
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_on_amx_the_wide_int8_layers_are_packed_for_onednn_and_take_any_rows(amx, monkeypatch):
+    """With AMX (forced here either way), `quantize_int8` packs the layers of at least
+    INT8_ONEDNN_MIN_OUTPUTS outputs for oneDNN's kernels and the others for the engine
+    selected; a layer on oneDNN takes all its rows in one call, as the plain layer does."""
+    monkeypatch.setattr(ops, "INT8_ONEDNN", amx)
+    packed = []  # (layer names, engine) of each packing
+    pack = ops._quantize_dynamic
+    monkeypatch.setattr(ops, "_quantize_dynamic",
+                        lambda model, names, engine: (packed.append((set(names), engine)),
+                                                      pack(model, names, engine)))
+    torch.manual_seed(0)
+    wide, narrow = nn.Linear(16, ops.INT8_ONEDNN_MIN_OUTPUTS), nn.Linear(16, 64)
+    quantized = quantize_int8(nn.Sequential(wide, nn.ReLU(), narrow))
+    selected = torch.backends.quantized.engine
+    assert packed == ([({"2"}, selected), ({"0"}, "onednn")] if amx
+                      else [({"0", "2"}, selected), (set(), "onednn")])
+    x = torch.randn(3, 100, 16)  # 300 rows: more than FBGEMM's chunk of the wide layer
+    assert ops.rows_per_call(quantized[0]) == (None if amx else ops.INT8_MAX_OUTPUTS // 2048)
+    expected = reference_int8(wide, "onednn" if amx else None)
+    if amx:
+        assert torch.equal(quantized[0](x), expected(x))
+    assert ops.rows_per_call(quantized[2]) == ops.INT8_MAX_OUTPUTS // 64
+    assert torch.equal(quantized[2](x), reference_int8(narrow)(x))
 
 
 def test_beam_search_feeds_the_int8_projection_whole_sentences_in_its_row_chunks(

@@ -1,13 +1,16 @@
 """Operations written out because PyTorch's generic ones are slow on CPU.
 
 - `Linear` / `linear`: `nn.Linear` / `F.linear` that, for float32 inference on CPU, multiply
-  through oneDNN (`torch.ops.mkldnn._linear_pointwise`) instead of the BLAS `F.linear` calls
-  (MKL's sgemm): oneDNN picks its kernels by the CPU's instruction set, AVX-512 where there
-  is one, where MKL's may not (docs/RESULTS.md, "Decoding: our engine's speed"). Training,
-  autocast and other devices take `F.linear`.
+  through the library that is faster on the CPU at hand (`FLOAT32_LIBRARY`): oneDNN
+  (`torch.ops.mkldnn._linear_pointwise`), which picks its kernels by the CPU's instruction
+  set, or the BLAS `F.linear` calls (MKL's sgemm), whose AVX-512 kernels run on Intel's CPUs
+  only (docs/RESULTS.md, "Engines on every CPU"). Training, autocast and other devices take
+  `F.linear`.
 - `quantize_int8`: a copy of a model whose linear layers (`nn.Linear` and `Linear`) are
   PyTorch's dynamically quantized int8 ones (`torch.ao.quantization.quantize_dynamic`):
   int8 weights, each input quantized as it comes; CPU only. Our engine's `quantize="int8"`.
+  The layers run FBGEMM's kernels, and on CPUs with AMX the wide ones (the output
+  projection) oneDNN's, which use its int8 tiles (`INT8_ONEDNN`).
 
 - `Dropout`: `nn.Dropout` with a cheaper random mask on CPU: `torch.bernoulli_` draws a float
   per element, this draws one random byte per element and compares it with a threshold.
@@ -33,14 +36,16 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-__all__ = ["Dropout", "Linear", "linear", "quantize_int8", "INT8_MAX_OUTPUTS", "rows_per_call",
+__all__ = ["Dropout", "Linear", "linear", "FLOAT32_LIBRARY", "quantize_int8", "INT8_MAX_OUTPUTS",
+           "INT8_ONEDNN", "INT8_ONEDNN_MIN_OUTPUTS", "rows_per_call", "cpu_vendor", "cpu_has_amx",
            "linear_label_smoothed_cross_entropy"]
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """`F.linear(x, weight, bias)`, through oneDNN for float32 inference on CPU."""
-    if (x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
-            and _ONEDNN and not torch.is_autocast_enabled("cpu")
+    """`F.linear(x, weight, bias)`, through oneDNN for float32 inference on CPU where
+    `FLOAT32_LIBRARY` is "onednn"."""
+    if (FLOAT32_LIBRARY == "onednn" and x.device.type == "cpu"
+            and x.dtype == weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                                   or (bias is not None
                                                       and bias.requires_grad)))):
@@ -55,7 +60,37 @@ class Linear(nn.Linear):
         return linear(x, self.weight, self.bias)
 
 
-_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+def cpu_vendor() -> str | None:
+    """The CPU's vendor as the processor names itself ("GenuineIntel", "AuthenticAMD"; Linux's
+    /proc/cpuinfo), None where that cannot be read. MKL runs its AVX-512 kernels on Intel's
+    CPUs only, so which library multiplies fastest depends on it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("vendor_id")), None)
+    except OSError:
+        return None
+
+
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles (Intel Xeon from Sapphire Rapids on): int8 and bf16
+    matrix products in hardware, which oneDNN's kernels use."""
+    return getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+
+
+def float32_library() -> str:
+    """Which library multiplies float32 inference products on this CPU: "blas" (MKL) on
+    Intel's CPUs, where its kernels are 1.2-5x faster than oneDNN's on a decoding step's
+    small products and as fast on the large ones; "onednn" elsewhere (on AMD's, MKL runs
+    slower kernels: oneDNN is 1.4-2.3x faster from 150 rows on), and where PyTorch was built
+    without oneDNN, "blas" (docs/RESULTS.md, "Engines on every CPU")."""
+    if not (torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return "blas"
+    return "blas" if cpu_vendor() == "GenuineIntel" else "onednn"
+
+
+FLOAT32_LIBRARY = float32_library()
 
 # The warnings `quantize_dynamic` gives on every call: eager-mode quantization and
 # quantized tensors are deprecated in PyTorch (what they compute is unchanged).
@@ -68,11 +103,17 @@ _QUANTIZATION_DEPRECATED = (
 
 M = TypeVar("M", bound=nn.Module)
 
-# Outputs (rows x features) per call of an int8 linear layer, at the most: PyTorch's int8
-# kernels (FBGEMM) take 2-8x longer per row once a call's output grows past ~2-4 MB of
+# Outputs (rows x features) per call of an int8 linear layer on FBGEMM, at the most:
+# FBGEMM's kernels take 2-8x longer per row once a call's output grows past ~2-4 MB of
 # float32 (beam search's output projection over 128 or more rows of an 8,000-piece
 # vocabulary), where oneDNN's float32 keeps its pace (docs/RESULTS.md, "Engines on every CPU").
 INT8_MAX_OUTPUTS = 2 ** 19
+
+# On CPUs with AMX, int8 layers of at least this many output features (the output
+# projection) run oneDNN's kernels, 2.5-4x faster than FBGEMM's from 40 rows on and keeping
+# their pace at any number of rows; the narrower layers stay on FBGEMM, faster below ~150 rows.
+INT8_ONEDNN_MIN_OUTPUTS = 2048
+INT8_ONEDNN = cpu_has_amx() and "onednn" in torch.backends.quantized.supported_engines
 
 
 class _RowChunkedInt8Linear(torch.ao.nn.quantized.dynamic.Linear):
@@ -108,19 +149,39 @@ def quantize_int8(model: M) -> M:
     embedding keeps its float32 values. CPU only (PyTorch has no CUDA kernels for these
     layers). `model` itself is left as it was."""
     quantized = copy.deepcopy(model).eval()
-    for module in quantized.modules():
+    layers = {name: module for name, module in quantized.named_modules()
+              if isinstance(module, nn.Linear)}
+    for module in layers.values():
         if isinstance(module, Linear):  # quantize_dynamic matches exact types only
             module.__class__ = nn.Linear  # the same parameters, computed by F.linear
+    wide = {name for name, module in layers.items()
+            if INT8_ONEDNN and module.out_features >= INT8_ONEDNN_MIN_OUTPUTS}
+    _quantize_dynamic(quantized, layers.keys() - wide, torch.backends.quantized.engine)
+    for module in quantized.modules():
+        if type(module) is torch.ao.nn.quantized.dynamic.Linear:
+            module.__class__ = _RowChunkedInt8Linear  # the same state, computed in row chunks
+    _quantize_dynamic(quantized, wide, "onednn")
+    return quantized
+
+
+def _quantize_dynamic(model: nn.Module, names: set[str], engine: str) -> None:
+    """Replace `model`'s linear layers `names` by dynamically quantized int8 ones whose
+    weights are packed for `engine`'s kernels ("x86": FBGEMM's; "onednn"), which they then
+    run whatever the engine selected later."""
+    if not names:
+        return
+    qconfig = torch.ao.quantization.default_dynamic_qconfig  # int8 weights, one scale
+    selected = torch.backends.quantized.engine
     with warnings.catch_warnings():
         # a deprecation notice on every model load, about an API that still works: not ours
         for message, category in _QUANTIZATION_DEPRECATED:
             warnings.filterwarnings("ignore", message=message, category=category)
-        quantized = torch.ao.quantization.quantize_dynamic(quantized, {nn.Linear},
-                                                           dtype=torch.qint8, inplace=True)
-    for module in quantized.modules():
-        if type(module) is torch.ao.nn.quantized.dynamic.Linear:
-            module.__class__ = _RowChunkedInt8Linear  # the same state, computed in row chunks
-    return quantized
+        try:
+            torch.backends.quantized.engine = engine
+            torch.ao.quantization.quantize_dynamic(model, dict.fromkeys(names, qconfig),
+                                                   inplace=True)
+        finally:
+            torch.backends.quantized.engine = selected
 
 
 class Dropout(nn.Dropout):
