@@ -83,7 +83,8 @@ def float32_library() -> str:
     Intel's CPUs, where its kernels are 1.2-5x faster than oneDNN's on a decoding step's
     small products and as fast on the large ones; "onednn" elsewhere (on AMD's, MKL runs
     slower kernels: oneDNN is 1.4-2.3x faster from 150 rows on), and where PyTorch was built
-    without oneDNN, "blas" (docs/RESULTS.md, "Engines on every CPU")."""
+    without oneDNN, "blas" (docs/RESULTS.md, "Engines on every CPU"). CTranslate2 chooses
+    between the two libraries by the same rule."""
     if not (torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return "blas"
@@ -110,7 +111,7 @@ M = TypeVar("M", bound=nn.Module)
 INT8_MAX_OUTPUTS = 2 ** 19
 
 # On CPUs with AMX, int8 layers of at least this many output features (the output
-# projection) run oneDNN's kernels, 2.5-4x faster than FBGEMM's from 40 rows on and keeping
+# projection) run oneDNN's kernels, 2-4x faster than FBGEMM's from 40 rows on and keeping
 # their pace at any number of rows; the narrower layers stay on FBGEMM, faster below ~150 rows.
 INT8_ONEDNN_MIN_OUTPUTS = 2048
 INT8_ONEDNN = cpu_has_amx() and "onednn" in torch.backends.quantized.supported_engines
