@@ -125,15 +125,9 @@ def cpu_description() -> str:
     (`runtime.cpu_has_native_bf16`, the probe `precision: auto` decides by), and the
     libraries our engine multiplies with there (`ops.FLOAT32_LIBRARY`, `ops.INT8_ONEDNN`)."""
     # imported here: a baseline row's process imports this file with an older package
-    from transformer.ops import FLOAT32_LIBRARY, INT8_ONEDNN
+    from transformer.ops import FLOAT32_LIBRARY, INT8_ONEDNN, cpu_info
 
-    name = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next((line.split(":", 1)[1].strip() for line in f
-                         if line.startswith("model name")), name)
-    except OSError:
-        pass
+    name = cpu_info("model name") or platform.processor() or "unknown CPU"
     limits = [f"{key}={os.environ[key]}" for key in ISA_LIMITS if key in os.environ]
     return (f"CPU: {name}; torch CPU capability {torch.backends.cpu.get_cpu_capability()}, "
             f"native bf16 (AVX512-BF16 or AMX) {cpu_has_native_bf16()}; our float32 products "

@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import math
 import time
-import warnings
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from engines import cpu_description  # bench/engines.py
 
-from transformer.ops import linear
+from transformer.ops import linear, quantize_linears
 
 HEADS, HEAD_DIM = 4, 32
 LINEARS = [(128, 128), (256, 128), (128, 256), (8000, 128)]  # (out, in): attention, FFN, output
@@ -76,17 +75,11 @@ def linears(rounds: int) -> None:
 
 
 def int8_linear(layer: torch.nn.Linear, engine: str) -> torch.nn.Module:
-    """`layer` dynamically quantized to int8 (`torch.ao.quantization.quantize_dynamic`),
-    its weights packed for `engine`'s kernels ("x86": FBGEMM's; "onednn")."""
-    selected = torch.backends.quantized.engine
-    torch.backends.quantized.engine = engine
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # PyTorch's deprecation notices
-            return torch.ao.quantization.quantize_dynamic(
-                torch.nn.Sequential(layer), {torch.nn.Linear}, dtype=torch.qint8)[0]
-    finally:
-        torch.backends.quantized.engine = selected
+    """`layer` in int8 as `quantize_int8` makes it, its weights packed for `engine`'s
+    kernels ("x86": FBGEMM's; "onednn")."""
+    model = torch.nn.Sequential(layer)
+    quantize_linears(model, {"0"}, engine)
+    return model[0]
 
 
 def int8_linears(rounds: int) -> None:

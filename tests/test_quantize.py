@@ -136,8 +136,8 @@ def test_on_amx_the_wide_int8_layers_are_packed_for_onednn_and_take_any_rows(amx
     selected; a layer on oneDNN takes all its rows in one call, as the plain layer does."""
     monkeypatch.setattr(ops, "INT8_ONEDNN", amx)
     packed = []  # (layer names, engine) of each packing
-    pack = ops._quantize_dynamic
-    monkeypatch.setattr(ops, "_quantize_dynamic",
+    pack = ops.quantize_linears
+    monkeypatch.setattr(ops, "quantize_linears",
                         lambda model, names, engine: (packed.append((set(names), engine)),
                                                       pack(model, names, engine)))
     torch.manual_seed(0)

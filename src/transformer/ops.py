@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Iterable
 from typing import TypeVar
 
 import torch
@@ -37,7 +38,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 __all__ = ["Dropout", "Linear", "linear", "FLOAT32_LIBRARY", "quantize_int8", "INT8_MAX_OUTPUTS",
-           "INT8_ONEDNN", "INT8_ONEDNN_MIN_OUTPUTS", "rows_per_call", "cpu_vendor", "cpu_has_amx",
+           "INT8_ONEDNN", "INT8_ONEDNN_MIN_OUTPUTS", "quantize_linears", "rows_per_call",
+           "cpu_info", "cpu_vendor", "cpu_has_amx",
            "linear_label_smoothed_cross_entropy"]
 
 
@@ -60,16 +62,22 @@ class Linear(nn.Linear):
         return linear(x, self.weight, self.bias)
 
 
-def cpu_vendor() -> str | None:
-    """The CPU's vendor as the processor names itself ("GenuineIntel", "AuthenticAMD"; Linux's
-    /proc/cpuinfo), None where that cannot be read. MKL runs its AVX-512 kernels on Intel's
-    CPUs only, so which library multiplies fastest depends on it."""
+def cpu_info(field: str) -> str | None:
+    """A field of the first processor in Linux's /proc/cpuinfo ("vendor_id", "model name"),
+    None where that cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
             return next((line.split(":", 1)[1].strip() for line in f
-                         if line.startswith("vendor_id")), None)
+                         if line.startswith(field)), None)
     except OSError:
         return None
+
+
+def cpu_vendor() -> str | None:
+    """The CPU's vendor as the processor names itself ("GenuineIntel", "AuthenticAMD"), None
+    where that cannot be read. MKL runs its AVX-512 kernels on Intel's CPUs only, so which
+    library multiplies fastest depends on it."""
+    return cpu_info("vendor_id")
 
 
 def cpu_has_amx() -> bool:
@@ -157,18 +165,19 @@ def quantize_int8(model: M) -> M:
             module.__class__ = nn.Linear  # the same parameters, computed by F.linear
     wide = {name for name, module in layers.items()
             if INT8_ONEDNN and module.out_features >= INT8_ONEDNN_MIN_OUTPUTS}
-    _quantize_dynamic(quantized, layers.keys() - wide, torch.backends.quantized.engine)
+    quantize_linears(quantized, layers.keys() - wide, torch.backends.quantized.engine)
     for module in quantized.modules():
         if type(module) is torch.ao.nn.quantized.dynamic.Linear:
             module.__class__ = _RowChunkedInt8Linear  # the same state, computed in row chunks
-    _quantize_dynamic(quantized, wide, "onednn")
+    quantize_linears(quantized, wide, "onednn")
     return quantized
 
 
-def _quantize_dynamic(model: nn.Module, names: set[str], engine: str) -> None:
-    """Replace `model`'s linear layers `names` by dynamically quantized int8 ones whose
+def quantize_linears(model: nn.Module, names: Iterable[str], engine: str) -> None:
+    """Replace `model`'s `nn.Linear` layers `names` by dynamically quantized int8 ones whose
     weights are packed for `engine`'s kernels ("x86": FBGEMM's; "onednn"), which they then
     run whatever the engine selected later."""
+    names = set(names)
     if not names:
         return
     qconfig = torch.ao.quantization.default_dynamic_qconfig  # int8 weights, one scale
