@@ -15,7 +15,8 @@ are against our engine's beam search at the same thread count, measured in this 
 exports are made here from --checkpoint with scripts/export.py's code. Both engines decode
 with the same settings (beam 5, the checkpoint's alpha, max length 1.5 * source + 10, batches
 of --max-tokens source tokens, by default the package's own: a baseline row decodes with its
-package's); see transformer/engines.py for how the searches are matched.
+package's); see transformer/engines.py for how the searches are matched (a CTranslate2 row's
+time includes its second search of sentences that ran past their own length limit).
 
 Rows: each engine's beam search ("torch int8": ours with its linear layers in PyTorch's
 dynamic int8, `Translator.load(..., quantize="int8")`, compared with "ct2 int8"); "sampling"

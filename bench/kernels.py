@@ -3,7 +3,9 @@ the choices the code makes by measurement: oneDNN or BLAS for the linear layers 
 FBGEMM's or oneDNN's kernels for int8 layers (`ops.INT8_ONEDNN`), the explicit attention
 path or PyTorch's fused kernel by the number of keys
 (`attention.CPU_FUSED_MIN_KEYS`; for a decoding step's self- and cross-attention and for the
-encoder's), and the key/value cache's layout (`attention.KVCache`).
+encoder's), the explicit path's softmax and weighted sum over few keys
+(`attention.CPU_SHORT_SOFTMAX`, `attention.CPU_SMALL_BMM`), and the key/value cache's
+layout (`attention.KVCache`).
 
 Every variant is timed in turn, round after round in one process (the best round counts), at
 one thread, on the shapes beam search at beam 5 produces for ~150 sentences of Multi30k
@@ -26,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from engines import cpu_description  # bench/engines.py
 
+from transformer.attention import CPU_SHORT_SOFTMAX, CPU_SMALL_BMM, _softmax, _weighted_values
 from transformer.ops import linear, quantize_linears
 
 HEADS, HEAD_DIM = 4, 32
@@ -56,10 +59,11 @@ def compared(first: Variant, second: Variant, rounds: int) -> str:
 
 
 def explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The explicit path: heads folded into the batch, bmm, softmax, bmm."""
+    """The explicit path as the package runs it: heads folded into the batch, bmm, softmax,
+    bmm (with few keys, `attention._softmax` and `attention._weighted_values`)."""
     b, h, n, d = q.shape
     scores = torch.bmm(q.reshape(b * h, n, d), k.reshape(b * h, -1, d).transpose(1, 2))
-    return torch.bmm(F.softmax(scores / math.sqrt(d), -1), v.reshape(b * h, -1, d))
+    return _weighted_values(_softmax(scores / math.sqrt(d)), v.reshape(b * h, -1, d))
 
 
 def linears(rounds: int) -> None:
@@ -114,6 +118,21 @@ def attention(rounds: int) -> None:
         print(f"  {keys:>3} keys  " + "  ".join(cells))
 
 
+def few_keys(rounds: int) -> None:
+    print(f"a decoding step's attention over few keys, us per call: the package's / "
+          f"PyTorch's; softmax of 750 rows x 4 heads x 1 query (exp(x - max) / sum below "
+          f"{CPU_SHORT_SOFTMAX} keys / F.softmax), weights x values of 750 rows x 4 heads x 1 "
+          f"query (a sum of products below {CPU_SMALL_BMM} multiply-adds / bmm)")
+    for keys in (2, 4, 8, 12, 13, 15, 16, 24):
+        scores = torch.randn(750 * HEADS, 1, keys)
+        weights, values = F.softmax(scores, -1), torch.randn(750 * HEADS, keys, HEAD_DIM)
+        print(f"  {keys:>3} keys  softmax "
+              + compared((_softmax, (scores,)), (F.softmax, (scores, -1)), rounds)
+              + "  weighted values "
+              + compared((_weighted_values, (weights, values)), (torch.bmm, (weights, values)),
+                         rounds))
+
+
 def cache_layout(rounds: int) -> None:
     print("self-attention over the cache, us per call: keys contiguous (batch, heads, steps, "
           "head_dim) / steps-first (steps, batch, heads, head_dim) read through a view")
@@ -138,6 +157,7 @@ def main() -> None:
         linears(args.rounds)
         int8_linears(args.rounds)
         attention(args.rounds)
+        few_keys(args.rounds)
         cache_layout(args.rounds)
 
 

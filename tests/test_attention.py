@@ -328,3 +328,60 @@ def test_masking_heads_restores_the_previous_mask():
     with pytest.raises(ValueError, match=r"one entry per head \(4\), got shape \(3,\)"), \
             mha.masking_heads(torch.ones(3)):
         pass
+
+
+def test_short_softmax_equals_pytorchs_and_keeps_its_gradient():
+    """CPU inference over rows shorter than CPU_SHORT_SOFTMAX computes exp(x - max) / sum:
+    the same weights as F.softmax, masked entries (the dtype's minimum) exactly 0; with
+    gradients it is F.softmax itself."""
+    torch.manual_seed(0)
+    for keys in (1, 2, 7, attention_module.CPU_SHORT_SOFTMAX - 1):
+        X = torch.randn(6, 3, keys) * 4
+        X[0, :, 1:] = torch.finfo(X.dtype).min  # one key left
+        with torch.no_grad():
+            short = attention_module._softmax(X)
+        torch.testing.assert_close(short, torch.softmax(X, -1), rtol=1e-6, atol=1e-7)
+        if keys > 1:
+            assert torch.all(short[0, :, 1:] == 0)
+    X = torch.randn(4, 2, 5, requires_grad=True)
+    weights = attention_module._softmax(X)
+    assert weights.grad_fn.name() == torch.softmax(X, -1).grad_fn.name()  # PyTorch's own
+    masked = masked_softmax(torch.randn(2, 3, 4), torch.tensor([0, 2]))  # a row with no key
+    assert torch.all(masked[0] == 0) and not torch.isnan(masked).any()
+
+
+@pytest.mark.parametrize("queries, keys", [(1, 1), (1, 5), (1, 12), (3, 4), (2, 13)])
+def test_weighted_values_equal_bmm(queries, keys):
+    """Below CPU_SMALL_BMM multiply-adds per matrix, inference sums weight x value over the
+    keys: the numbers of torch.bmm."""
+    torch.manual_seed(0)
+    weights = torch.softmax(torch.randn(40, queries, keys), -1)
+    values = torch.randn(40, keys, 8)
+    with torch.no_grad():
+        out = attention_module._weighted_values(weights, values)
+    torch.testing.assert_close(out, torch.bmm(weights, values), rtol=1e-6, atol=1e-6)
+
+
+def test_decoding_steps_same_with_and_without_the_few_keys_paths(monkeypatch):
+    """Step-by-step self- and cross-attention (few keys, one or a few queries) give the same
+    outputs through the short softmax and the weighted sum as through F.softmax and bmm
+    (forced by thresholds of 0)."""
+    torch.manual_seed(0)
+    d, h, B, T, S = 32, 4, 3, 9, 7
+    self_attn = MultiHeadAttention(d, d, d, d, h, 0.0, bias=True).eval()
+    cross_attn = MultiHeadAttention(d, d, d, d, h, 0.0, bias=True).eval()
+    X, memory, src_lens = torch.randn(B, T, d), torch.randn(B, S, d), torch.tensor([7, 3, 5])
+
+    def steps() -> torch.Tensor:
+        self_cache, cross_cache, out = KVCache(), KVCache(static=True), []
+        with torch.no_grad():
+            for t in range(T):
+                x = X[:, t:t + 1]
+                y = self_attn(x, x, x, causal=True, cache=self_cache)
+                out.append(cross_attn(y, memory, memory, src_lens, cache=cross_cache))
+        return torch.cat(out, 1)
+
+    fast = steps()
+    monkeypatch.setattr(attention_module, "CPU_SHORT_SOFTMAX", 0)
+    monkeypatch.setattr(attention_module, "CPU_SMALL_BMM", 0)
+    torch.testing.assert_close(fast, steps(), rtol=1e-5, atol=1e-6)

@@ -217,6 +217,22 @@ def test_max_length_is_cut_per_sentence_as_ours(torch_translator, ct2, test_text
     assert same_fraction(ours, theirs) >= 0.97
 
 
+def test_beam_search_at_the_length_limit_is_ours(torch_translator, ct2, test_text):
+    """Beam 5 where the limit ends most outputs, a different limit per sentence of a batch:
+    each sentence whose hypotheses ran past its own limit is searched again with it, and
+    ends with the beam ours forces EOS onto: the same outputs (cut to the limit alone,
+    0.44 of them), the same scores. What may still differ: an empty output, which ours can
+    end with (EOS first) and CTranslate2 does not."""
+    src = test_text[0][:100]
+    ours = scored(torch_translator.translations(src, beam_size=5, max_len_a=0.5, max_len_b=2))
+    theirs = scored(ct2["float32"].translations(src, beam_size=5, max_len_a=0.5, max_len_b=2))
+    unlimited = torch_translator.translate(src, beam_size=5)
+    assert same_fraction([o[0][0] for o in ours], unlimited) <= 0.2  # the limit bites
+    assert same_fraction([o[0][0] for o in ours], [t[0][0] for t in theirs]) >= 0.97
+    assert all(abs(o[0][1] - t[0][1]) <= 1e-3 * abs(o[0][1])
+               for o, t in zip(ours, theirs, strict=True) if o[0][0] == t[0][0])
+
+
 def test_pruned_checkpoint_exports_as_zero_heads(torch_translator, tokenizer, test_text,
                                                  tmp_path):
     """Layers left with different head counts: the removed heads are exported as zero
@@ -500,3 +516,5 @@ def test_engine_auto_picks_ctranslate2_for_an_export_and_ours_for_a_checkpoint(c
     assert engine_for([checkpoint, checkpoint]) == "torch"  # several: averaged by ours
     assert load_translator(exports["int8"], device="cpu", threads=1).engine == "ctranslate2"
     assert load_translator(checkpoint, device="cpu").engine == "torch"
+
+

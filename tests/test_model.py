@@ -9,7 +9,7 @@ from torch import nn
 
 from transformer.blocks import AddNorm, DecoderBlock, EncoderBlock, PositionWiseFFN
 from transformer.checkpoint import load_checkpoint, model_from_checkpoint, tokenizers_from_state
-from transformer.model import ModelConfig, PositionalEncoding, Transformer
+from transformer.model import ModelConfig, PositionalEncoding, Transformer, eval_mode
 
 PAD, BOS, EOS = 0, 2, 3
 
@@ -238,3 +238,18 @@ def test_configs_without_the_newer_fields_build_the_same_model():
     model = Transformer(ModelConfig.from_dict(old))
     assert "output_projection.bias" not in model.state_dict()
     assert isinstance(model.encoder.blks[0].ffn.activation, nn.ReLU)
+
+
+def test_eval_mode_switches_every_module_and_restores_the_callers_mode():
+    model = Transformer(ModelConfig(num_hiddens=16, ffn_num_hiddens=32, num_heads=2,
+                                    num_encoder_layers=1, num_decoder_layers=1,
+                                    src_vocab_size=20, tgt_vocab_size=20))
+    model.train()
+    with eval_mode(model):
+        assert not any(module.training for module in model.modules())
+    assert all(module.training for module in model.modules())
+    model.eval()
+    with pytest.raises(RuntimeError), eval_mode(model):  # already in eval mode: kept so
+        assert not any(module.training for module in model.modules())
+        raise RuntimeError
+    assert not any(module.training for module in model.modules())

@@ -86,16 +86,51 @@ def key_padding_mask(valid_lens: Tensor, num_keys: int) -> Tensor:
     return _valid_lens_mask(valid_lens, 1, num_keys)[:, 0]
 
 
+# PyTorch's CPU softmax takes 3-7x as long over rows shorter than this as over rows of this
+# length (decoding's first steps: few keys per query); there inference computes it from its
+# definition instead (docs/RESULTS.md, "Engines on every CPU").
+CPU_SHORT_SOFTMAX = 16
+# PyTorch multiplies a batch of matrices with fewer than this many multiply-adds each with a
+# plain loop, 2-5x slower than summing weights x values (`_weighted_values`).
+CPU_SMALL_BMM = 400
+
+
+def _inference_on_cpu(x: Tensor) -> bool:
+    """Whether `x` is a float32 CPU tensor that no gradient flows through: the case of the
+    fast paths below (training keeps PyTorch's operators and their backward passes)."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32
+            and not (torch.is_grad_enabled() and x.requires_grad))
+
+
+def _softmax(scores: Tensor) -> Tensor:
+    """`F.softmax(scores, dim=-1)`; in CPU inference over rows shorter than
+    `CPU_SHORT_SOFTMAX`, exp(x - max) / sum, in place on one fresh tensor."""
+    if scores.shape[-1] >= CPU_SHORT_SOFTMAX or not _inference_on_cpu(scores):
+        return F.softmax(scores, dim=-1)
+    e = (scores - scores.amax(-1, keepdim=True)).exp_()
+    return e.div_(e.sum(-1, keepdim=True))
+
+
+def _weighted_values(weights: Tensor, values: Tensor) -> Tensor:
+    """`torch.bmm(weights, values)`: (b, q, k) x (b, k, v) -> (b, q, v); in CPU inference
+    with fewer than `CPU_SMALL_BMM` multiply-adds per matrix, the sum over keys of weight x
+    value (one query over a dozen keys: decoder self-attention, step by step)."""
+    b, q, k = weights.shape
+    if q * k * values.shape[-1] >= CPU_SMALL_BMM or not _inference_on_cpu(values):
+        return torch.bmm(weights, values)
+    return (weights.unsqueeze(-1) * values.unsqueeze(1)).sum(2)  # (b, q, k, v) -> (b, q, v)
+
+
 def _masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
     """Softmax over the last axis; where `mask` is False the weight is exactly 0.
 
     A row whose mask is all False gives all zeros (not NaN, not uniform).
     """
     if mask is None:
-        return F.softmax(scores, dim=-1)
+        return _softmax(scores)
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     # A fully masked row becomes uniform here; the final masked_fill zeroes it.
-    return F.softmax(scores, dim=-1).masked_fill(~mask, 0.0)
+    return _softmax(scores).masked_fill(~mask, 0.0)
 
 
 def masked_softmax(X: Tensor, valid_lens: Tensor | None) -> Tensor:
@@ -104,7 +139,7 @@ def masked_softmax(X: Tensor, valid_lens: Tensor | None) -> Tensor:
     X: (batch, queries, keys); valid_lens: None, (batch,) or (batch, queries).
     """
     if valid_lens is None:
-        return F.softmax(X, dim=-1)
+        return _softmax(X)
     return _masked_softmax(X, _valid_lens_mask(valid_lens, X.shape[1], X.shape[-1]))
 
 
@@ -149,7 +184,7 @@ def attention_mask(
 # ---------------------------------------------------------------------------------------
 def _split_heads(X: Tensor, num_heads: int) -> Tensor:
     """(batch, seq, num_hiddens) -> (batch, num_heads, seq, num_hiddens / num_heads), a view."""
-    return X.unflatten(-1, (num_heads, -1)).transpose(1, 2)
+    return X.view(*X.shape[:-1], num_heads, -1).transpose(1, 2)  # view: a C call, no wrapper
 
 
 def _merge_heads(X: Tensor) -> Tensor:
@@ -203,8 +238,8 @@ class DotProductAttention(nn.Module):
             weights = masked_softmax(scores, valid_lens)
         else:
             weights = _masked_softmax(scores, mask)
-        self.attention_weights = weights  # kept for looking; the output uses its own copy,
-        return torch.bmm(self.dropout(weights), values)  # as threads may share the module
+        self.attention_weights = weights  # kept for looking; the output uses its own copy
+        return _weighted_values(self.dropout(weights), values)  # as threads may share it
 
 
 class KVCache:
@@ -529,7 +564,7 @@ class MultiHeadAttention(nn.Module):
             mask = mask.expand(batch_size, h, num_queries, k.shape[2]).reshape(
                 batch_size * h, num_queries, k.shape[2])
         output = self.attention(fold(q), fold(k), fold(v), mask=mask)  # (batch*h, q, head_dim)
-        return output.unflatten(0, (batch_size, h))  # (batch, heads, q, head_dim)
+        return output.view(batch_size, h, *output.shape[1:])  # (batch, heads, q, head_dim)
 
     def _fused_attention(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool

@@ -28,8 +28,11 @@ How the CTranslate2 engine matches `search.beam_search`:
 - Length limit: CTranslate2 takes one `max_decoding_length` per batch, so it gets the
   batch's largest `a * source_len + b`; each output is cut to its own sentence's limit and
   then scored with the EOS our search forces there (CTranslate2's `score_batch`). Greedy
-  search gives exactly our output; in beam search a hypothesis that runs past its limit may
-  have beaten one that our search would have kept alive instead (rare).
+  search and sampling give exactly our output so. In beam search the hypotheses that ran
+  past their limit came from a beam ours never has (one parent's continuations become one
+  output when cut): such a sentence is searched again with its own limit, where
+  CTranslate2's last beam is the one ours ends with EOS (a weak model's runaway outputs on
+  long inputs; rare otherwise).
 - PAD and the start token (BOS; an imported Marian model's PAD) are never generated
   (suppressed), UNK may be, as ours.
 - Modes: sampling through `sampling_topk`/`sampling_topp`/`sampling_temperature` (seeded by
@@ -178,12 +181,23 @@ class CTranslate2Translator(BaseTranslator):
                           sampling_temperature=sampling.temperature)
         target_prefix = None if prefixes is None else [
             [self._tgt_pieces[i] for i in ids] or None for ids in prefixes]
-        results = self.model.translate_batch(
-            sources, **search, target_prefix=target_prefix, return_scores=True,
-            return_attention=attention, max_input_length=0,
-            max_batch_size=self._sub_batch_tokens(batch), batch_type="tokens",
-            max_decoding_length=max(limits) + 1, suppress_sequences=self._never,
-            use_vmap=self.vocab_map is not None)
+
+        def translate(rows: list[int], max_length: int) -> list[Any]:
+            """Start searching `rows` of the batch -> one future per row (`.result()`)."""
+            return self.model.translate_batch(
+                [sources[i] for i in rows], **search, return_scores=True,
+                target_prefix=None if target_prefix is None else [target_prefix[i]
+                                                                  for i in rows],
+                return_attention=attention, max_input_length=0,
+                max_batch_size=self._sub_batch_tokens([batch[i] for i in rows]),
+                batch_type="tokens", max_decoding_length=max_length,
+                suppress_sequences=self._never, use_vmap=self.vocab_map is not None,
+                asynchronous=True)
+
+        results = [future.result() for future in translate(list(range(len(batch))),
+                                                           max(limits) + 1)]
+        if sampling is None and request.beam_size > 1:
+            self._search_again_at_own_limit(results, limits, translate)
         candidates = [[Hypothesis([self._tgt_ids[p] for p in pieces[:limit]], log_prob,
                                   log_prob, _attention(result, j) if attention else None)
                        for j, (pieces, log_prob) in enumerate(zip(result.hypotheses,
@@ -191,6 +205,24 @@ class CTranslate2Translator(BaseTranslator):
                       for result, limit in zip(results, limits, strict=True)]
         self._rescore_cut(sources, candidates, limits)
         return [self._ranked(hyps, request.alpha, request.nbest) for hyps in candidates]
+
+    @staticmethod
+    def _search_again_at_own_limit(results: list[Any], limits: list[int],
+                                   translate: Callable[[list[int], int], list[Any]]) -> None:
+        """Search again, with its own length limit, each sentence of which a hypothesis ran
+        past that limit (it had the batch's longest): cut to the limit, several such
+        hypotheses would be one, and the beam would be the wrong one. At its own limit
+        CTranslate2 ends with the beam ours forces EOS onto (`_rescore_cut` adds the EOS).
+        Sentences of one limit share a call, the calls run at once (one per thread); long
+        limits are rarely reached."""
+        past: dict[int, list[int]] = {}
+        for i, (result, limit) in enumerate(zip(results, limits, strict=True)):
+            if any(len(pieces) > limit for pieces in result.hypotheses):
+                past.setdefault(limit, []).append(i)
+        started = [(rows, translate(rows, limit)) for limit, rows in past.items()]
+        for rows, futures in started:
+            for i, future in zip(rows, futures, strict=True):
+                results[i] = future.result()
 
     def _sub_batch_tokens(self, batch: Sequence[Sequence[int]]) -> int:
         """CTranslate2 splits each batch into sub-batches of at most this many (padded)

@@ -329,6 +329,9 @@ class Transformer(nn.Module):
 def eval_mode(model: nn.Module) -> Iterator[None]:
     """Run the block in eval mode (no dropout), then restore the caller's mode, also when
     the block raises."""
+    if not any(module.training for module in model.modules()):
+        yield  # in eval mode already: switching costs a walk over every module, per batch
+        return
     was_training = model.training
     model.eval()
     try:

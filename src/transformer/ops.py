@@ -202,8 +202,10 @@ class Dropout(nn.Dropout):
     """
 
     def forward(self, X: Tensor) -> Tensor:
+        if not self.training:  # as nn.Dropout: X itself, without the calls (decoding's steps)
+            return X
         threshold = round(self.p * 256)
-        if not self.training or X.device.type != "cpu" or not 0 < threshold < 256:
+        if X.device.type != "cpu" or not 0 < threshold < 256:
             return super().forward(X)
         keep = torch.empty(X.shape, dtype=torch.uint8).random_() >= threshold  # P = 1 - t/256
         return X * keep.to(X.dtype).mul_(256 / (256 - threshold))
