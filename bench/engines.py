@@ -16,7 +16,8 @@ exports are made here from --checkpoint with scripts/export.py's code. Both engi
 with the same settings (beam 5, the checkpoint's alpha, max length 1.5 * source + 10, batches
 of --max-tokens source tokens, by default the package's own: a baseline row decodes with its
 package's); see transformer/engines.py for how the searches are matched (a CTranslate2 row's
-time includes its second search of sentences that ran past their own length limit).
+time includes its second search of sentences that ran past their own length limit; with
+`--ct2-once` it searches each batch once, as CTranslate2 by itself does).
 
 Rows: each engine's beam search ("torch int8": ours with its linear layers in PyTorch's
 dynamic int8, `Translator.load(..., quantize="int8")`, compared with "ct2 int8"); "sampling"
@@ -29,6 +30,7 @@ earlier commit), for speed-ups measured in the same run.
     python bench/engines.py [--checkpoint RUN_OR_PT] [--data-root DIR] [--threads 1 2]
                             [--sentences 1000] [--join 1] [--repeats 3] [--rounds 2]
                             [--profile] [--baseline-src DIR] [--rows "torch" "ct2 float32" ...]
+                            [--ct2-once]
 
 `--join 4` translates every 4 consecutive test lines as one input (long inputs; the
 references joined alike). Below the table, at every thread count: ours float32 against
@@ -177,6 +179,8 @@ def child(args: argparse.Namespace) -> None:
     quantized = {"quantize": "int8"} if name == QUANTIZED else {}
     translator = load_translator(args.model, engine, device="cpu", threads=threads,
                                  **quantized)
+    if engine == "ctranslate2" and args.ct2_once:  # the second search left out
+        translator._search_again_at_own_limit = lambda results, limits, translate: None
     lines = inputs(args, "en")
     options = {"max_tokens": max_tokens(args), **mode_options(mode)}
     translator.translate(lines[:8], **options)  # warm-up
@@ -196,7 +200,8 @@ def run(name: str, model: str, threads: int, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", name, "--model", model, "--threads",
            str(threads), "--data-root", args.data_root, "--sentences", str(args.sentences),
            "--join", str(args.join), "--repeats", str(args.repeats),
-           *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else [])]
+           *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else []),
+           *(["--ct2-once"] if args.ct2_once else [])]
     env = dict(os.environ)
     if name == BASELINE:  # that package first on the path, ahead of the installed one
         env["PYTHONPATH"] = os.pathsep.join([str(Path(args.baseline_src) / "src"),
@@ -303,6 +308,10 @@ def main() -> None:
                         help="also time our beam search as the package in DIR/src decodes")
     parser.add_argument("--rows", nargs="+", choices=[*ROWS, BASELINE], metavar="ROW",
                         help=f"rows to run (default: all): {', '.join(ROWS)}")
+    parser.add_argument("--ct2-once", action="store_true",
+                        help="CTranslate2 rows search each batch once, as CTranslate2 itself "
+                             "does, without the engine's second search of sentences past "
+                             "their own length limit")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()

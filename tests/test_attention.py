@@ -241,6 +241,55 @@ def test_kv_cache_self_and_cross_attention_equal_full():
     torch.testing.assert_close(torch.cat([first, rest], 1), full_self, atol=1e-5, rtol=1e-5)
 
 
+def test_buffer_pool_hands_out_the_smallest_kept_buffer_that_fits_and_keeps_the_largest():
+    from transformer.attention import BufferPool
+    pool = BufferPool(max_bytes=4 * (100 + 60))  # room for the 100 and the 60, not the 30
+    like = torch.zeros(1)
+    fresh = pool.take(10, like)
+    assert fresh.numel() == 20 and fresh.dtype == torch.float32  # new: twice, room to grow
+    kept = [torch.empty(n) for n in (30, 100, 60)]
+    pool.give(kept)
+    assert pool.take(70, like) is kept[1]  # the one that fits
+    assert pool.take(20, like) is kept[2]  # the smallest that fits (the 30 was dropped)
+    assert pool.take(20, like).numel() == 40  # none kept: new
+    pool.give([torch.empty(50, dtype=torch.float64), torch.empty(50, device="meta")])
+    assert pool.take(10, like).dtype == torch.float32  # another dtype is not handed out
+    assert [b.device.type for b in pool._kept] == ["cpu"]  # nor kept off the CPU
+    pool.clear()
+    assert pool.take(5, torch.zeros(1, dtype=torch.float64)).numel() == 10
+
+
+def test_a_released_cache_gives_the_next_cache_its_buffers_whatever_they_hold():
+    """`KVCache.release` gives its buffers to the pool; a later cache writes into them
+    (the same memory, no new allocation) and reads only what it wrote: buffers filled with
+    NaN give the same attention outputs as new ones."""
+    from transformer.attention import BufferPool
+    torch.manual_seed(0)
+    d, h, B, T = 16, 4, 3, 7
+    attn = MultiHeadAttention(d, d, d, d, h, 0.0, bias=True).eval()
+    X = torch.randn(B, T, d)
+    rows = torch.tensor([2, 0, 0])
+
+    def decode(cache):
+        out = []
+        for t in range(T):
+            out.append(attn(X[:, t:t + 1], X[:, t:t + 1], X[:, t:t + 1], cache=cache))
+            cache.reorder(rows)  # as beam search does between steps
+        return torch.cat(out, 1)
+
+    pool = BufferPool(max_bytes=2 ** 20)
+    first = KVCache(pool=pool)
+    expected = decode(first)
+    used = {b.data_ptr() for b in first._buffers + first._spare + first._outgrown}
+    first.release()
+    assert first.length == 0 and first.keys is None
+    for buffer in pool._kept:
+        buffer.fill_(float("nan"))
+    second = KVCache(pool=pool)
+    assert torch.equal(decode(second), expected)
+    assert {b.data_ptr() for b in second._buffers + second._spare} <= used
+
+
 def test_scaled_dot_product_formula():
     """One head, no projections: softmax(QK^T / sqrt(d)) V written out by hand."""
     torch.manual_seed(0)

@@ -127,6 +127,8 @@ def test_an_int8_layer_takes_its_rows_in_chunks_of_bounded_output(monkeypatch):
     assert torch.equal(quantized(x), expected.view(3, 100, 4096))
     small = torch.randn(rows, 16)  # one chunk: the plain layer itself
     assert torch.equal(quantized(small), reference_int8(layer)(small))
+    steps = torch.randn(2, 5, 16)  # a decoding step's (sentences, beam, features)
+    assert torch.equal(quantized(steps), reference_int8(layer)(steps))
 
 
 @pytest.mark.parametrize("amx", [True, False])

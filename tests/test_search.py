@@ -88,6 +88,41 @@ def test_cached_equals_uncached(model):
         assert a.log_prob == pytest.approx(b.log_prob, rel=1e-5, abs=1e-5)
 
 
+def test_a_search_leaves_its_cache_buffers_for_the_next_search(model, monkeypatch):
+    """Beam and greedy search release their caches when they end (exceptions included):
+    the next search writes into the same buffers, and finds the same outputs."""
+    from transformer.attention import CACHE_BUFFERS
+    src, lens = random_batch()
+    CACHE_BUFFERS.clear()
+    first = beam_search(model, src, lens, DecodingRequest(beam_size=5, nbest=5))
+    kept = {b.data_ptr() for b in CACHE_BUFFERS._kept}
+    assert len(kept) >= 2 * 2 * model.config.num_decoder_layers  # keys, values; two pairs
+    for buffer in CACHE_BUFFERS._kept:
+        buffer.fill_(float("nan"))
+    second = beam_search(model, src, lens, DecodingRequest(beam_size=5, nbest=5))
+    assert tokens(second) == tokens(first)
+    assert [h.score for h in itertools.chain(*second)] == [h.score for h in itertools.chain(*first)]
+    assert {b.data_ptr() for b in CACHE_BUFFERS._kept} == kept  # taken and given back
+    greedy = greedy_search(model, src, lens)
+    assert {b.data_ptr() for b in CACHE_BUFFERS._kept} == kept
+    assert greedy == greedy_search(model, src, lens, use_cache=False)
+    CACHE_BUFFERS.clear()
+    import transformer.search as search
+    steps = []
+    best = search._best_candidates
+
+    def interrupted_at_step_3(*args):
+        steps.append(1)
+        if len(steps) == 3:
+            raise KeyboardInterrupt
+        return best(*args)
+
+    monkeypatch.setattr(search, "_best_candidates", interrupted_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        beam_search(model, src, lens, DecodingRequest(beam_size=5))
+    assert len(CACHE_BUFFERS._kept) >= 2 * 2 * model.config.num_decoder_layers  # all the same
+
+
 def test_batched_equals_one_at_a_time(model):
     src, lens = random_batch()
     batched = beam_search(model, src, lens, DecodingRequest(beam_size=4, nbest=2))

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -56,6 +57,8 @@ __all__ = [
     "key_padding_mask",
     "DotProductAttention",
     "KVCache",
+    "BufferPool",
+    "CACHE_BUFFERS",
     "AttentionRecord",
     "MultiHeadAttention",
 ]
@@ -242,6 +245,58 @@ class DotProductAttention(nn.Module):
         return _weighted_values(self.dropout(weights), values)  # as threads may share it
 
 
+class BufferPool:
+    """Flat buffers that finished decoding caches leave for the next ones to write into.
+
+    A batch's self-attention cache grows to tens of MB per layer. Memory fresh from the
+    operating system costs a page fault per 4 KB page on its first write, and the C
+    library hands a freed buffer that large back to the system at once: without reuse,
+    every batch of a corpus faulted its whole cache in again, in the copy that fills it
+    (docs/RESULTS.md, "Engines on every CPU"). `take` hands out the smallest kept buffer
+    that is large enough, else a new one; `give` keeps buffers, the largest first, up to
+    `max_bytes`. CPU buffers only: on a GPU, PyTorch's caching allocator already reuses
+    freed memory. Safe to share between threads (two batches searched at once)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._kept: list[Tensor] = []
+        self._lock = threading.Lock()
+
+    def take(self, numel: int, like: Tensor) -> Tensor:
+        """A flat buffer of at least `numel` elements of `like`'s dtype and device, its
+        contents undefined: a kept one, else a new one of twice `numel` (room to grow)."""
+        with self._lock:
+            fits = [i for i, b in enumerate(self._kept) if b.numel() >= numel
+                    and b.dtype == like.dtype and b.device == like.device]
+            if fits:
+                return self._kept.pop(min(fits, key=lambda i: self._kept[i].numel()))
+        return like.new_empty(2 * numel)
+
+    def give(self, buffers: Iterable[Tensor]) -> None:
+        """Keep `buffers` (those on the CPU) for later `take`s; no one may read or write
+        them any more."""
+        with self._lock:
+            self._kept.extend(b for b in buffers if b.device.type == "cpu")
+            self._kept.sort(key=lambda b: -b.numel() * b.element_size())
+            total = 0
+            for i, b in enumerate(self._kept):
+                total += b.numel() * b.element_size()
+                if total > self.max_bytes:
+                    del self._kept[i:]  # the smallest: the cheapest to allocate again
+                    break
+
+    def clear(self) -> None:
+        """Drop every kept buffer (their memory is freed as usual)."""
+        with self._lock:
+            self._kept.clear()
+
+
+# The buffers of the decoder self-attention caches (`KVCache.release`), for all models in
+# the process: 1 GiB holds those of two batches searched at once (the growing buffers of
+# each layer; ~0.5-0.6 GiB for the recipe's model over Multi30k); beyond it, new ones.
+CACHE_BUFFERS = BufferPool(max_bytes=2 ** 30)
+
+
 class KVCache:
     """Keys and values of past decoding steps; `keys`/`values` are (batch, num_heads, steps,
     head_dim), contiguous: the layout batched matrix products read fastest (read through a
@@ -250,22 +305,25 @@ class KVCache:
 
     `static=False` (decoder self-attention): each call appends the new steps by writing the
     cached steps, then the new ones, into a second buffer (the start of a flat buffer with
-    room for more, so no allocation once it is large enough), which becomes the current one.
-    Reordering the batch (beam search) only notes the rows to keep; the next append gathers
-    them in that same copy (one `index_select`), so beam search copies the cache once per
-    step, however many reorders came between two appends.
+    room for more, taken from `pool`, so no allocation once it is large enough), which
+    becomes the current one. Reordering the batch (beam search) only notes the rows to keep;
+    the next append gathers them in that same copy (one `index_select`), so beam search
+    copies the cache once per step, however many reorders came between two appends. The
+    owner of a finished cache calls `release`, which gives its buffers back to `pool`.
     `static=True` (encoder-decoder attention): the encoder output is projected on the
     first call and reused on every later call; a reorder selects its rows at once.
     """
 
-    def __init__(self, static: bool = False):
+    def __init__(self, static: bool = False, pool: BufferPool = CACHE_BUFFERS):
         self.static = static
+        self.pool = pool
         self.length = 0  # steps cached
         self._keys: Tensor | None = None
         self._values: Tensor | None = None
         self._rows: Tensor | None = None  # self-attention: rows a reorder kept, not yet gathered
         self._buffers: list[Tensor] = []  # self-attention: flat [keys, values] now in use
         self._spare: list[Tensor] = []  # and the pair the next append writes into
+        self._outgrown: list[Tensor] = []  # and buffers too small by now, until `release`
 
     @property
     def keys(self) -> Tensor | None:
@@ -285,8 +343,9 @@ class KVCache:
             return self._keys, self._values
         batch, heads, new, head_dim = k.shape
         shape = (batch, heads, self.length + new, head_dim)
-        if not self._spare or self._spare[0].numel() < math.prod(shape):
-            self._spare = [k.new_empty(2 * math.prod(shape)) for _ in range(2)]  # room to grow
+        if not self._spare or min(b.numel() for b in self._spare) < math.prod(shape):
+            self._outgrown += self._spare
+            self._spare = [self.pool.take(math.prod(shape), k) for _ in range(2)]
         stored = []
         for spare, cached, added in zip(self._spare, (self._keys, self._values), (k, v),
                                         strict=True):
@@ -309,6 +368,14 @@ class KVCache:
             self._values = self._values.index_select(0, index)
         else:
             self._rows = index if self._rows is None else self._rows.index_select(0, index)
+
+    def release(self) -> None:
+        """Empty the cache and give its buffers to `pool` for the next cache (the caller
+        holds no `keys`/`values` read from it any more)."""
+        self.pool.give(self._buffers + self._spare + self._outgrown)
+        self._buffers, self._spare, self._outgrown = [], [], []
+        self._keys = self._values = self._rows = None
+        self.length = 0
 
     def _gather_pending(self) -> None:
         """Apply a reorder that no append has gathered yet (for a reader of `keys`)."""

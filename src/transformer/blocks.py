@@ -97,6 +97,11 @@ class LayerCache:
         self.self_attention.reorder(index)
         self.cross_attention.reorder(index)
 
+    def release(self) -> None:
+        """Empty both caches, their buffers given back for the next cache (`KVCache.release`)."""
+        self.self_attention.release()
+        self.cross_attention.release()
+
 
 class DecoderBlock(nn.Module):
     """Causal self-attention, encoder-decoder attention, then the position-wise FFN."""

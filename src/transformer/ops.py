@@ -125,17 +125,23 @@ INT8_ONEDNN_MIN_OUTPUTS = 2048
 INT8_ONEDNN = cpu_has_amx() and "onednn" in torch.backends.quantized.supported_engines
 
 
+# PyTorch's dynamically quantized product, called as its one overload: the module's
+# `forward` and the operator's overload resolution cost ~10 us of Python per call, as much
+# as the product itself at a decoding step's few rows (docs/RESULTS.md, "Engines on every CPU").
+_LINEAR_DYNAMIC = torch.ops.quantized.linear_dynamic.default
+
+
 class _RowChunkedInt8Linear(torch.ao.nn.quantized.dynamic.Linear):
-    """PyTorch's dynamically quantized `Linear` (the same weights and state), applied to
-    at most `rows_per_call(self)` input rows at a time."""
+    """PyTorch's dynamically quantized `Linear` (the same weights, state and products),
+    applied to at most `rows_per_call(self)` input rows at a time."""
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = rows_per_call(self)
+        weight = self._packed_params._packed_params  # int8, packed for FBGEMM
         flat = x.reshape(-1, x.shape[-1])  # (rows, in_features)
+        rows = rows_per_call(self)
         if len(flat) <= rows:
-            return super().forward(x)
-        linear = super().forward
-        out = torch.cat([linear(chunk) for chunk in flat.split(rows)])
+            return _LINEAR_DYNAMIC(x, weight, True)  # reduce_range, as the module's forward
+        out = torch.cat([_LINEAR_DYNAMIC(chunk, weight, True) for chunk in flat.split(rows)])
         return out.view(*x.shape[:-1], out.shape[-1])
 
 

@@ -42,6 +42,7 @@ at once, one thread each.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -114,6 +115,18 @@ def _logits(model: Transformer, hidden: Tensor) -> Tensor:
     return logits
 
 
+@contextlib.contextmanager
+def _search_cache(model: Transformer, use_cache: bool) -> Iterator[list[LayerCache] | None]:
+    """`model.new_cache()` for one search (None without `use_cache`); when the search
+    ends, its buffers go to `attention.CACHE_BUFFERS` for the next search to write into."""
+    cache = model.new_cache() if use_cache else None
+    try:
+        yield cache
+    finally:
+        for layer in cache or ():
+            layer.release()
+
+
 def _select_cache(cache: list[LayerCache] | None, rows: Tensor,
                   sentences: Tensor | None = None) -> None:
     """Keep/reorder the self-attention cache `rows`, and the cross-attention cache (one
@@ -162,9 +175,8 @@ def sample_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
     start, eos = model.config.start_id, model.config.eos_id
     max_lens, prefix, prefix_lens = _limits(model, src_valid_lens, request, prefix)
     outputs: list[Hypothesis] = [Hypothesis([], 0.0, 0.0)] * src.shape[0]
-    with eval_mode(model):
+    with eval_mode(model), _search_cache(model, request.use_cache) as cache:
         enc_outputs = model.encode(src, src_valid_lens)
-        cache = model.new_cache() if request.use_cache else None
         tokens = torch.full((src.shape[0], 1), start, dtype=torch.long, device=src.device)
         log_probs = torch.zeros(src.shape[0], device=src.device)
         sentence = torch.arange(src.shape[0], device=src.device)  # original index of each row
@@ -245,12 +257,11 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
     kth_score = torch.full((num_sentences,), float("-inf"), device=device)
     scores = torch.zeros(num_sentences, 1, device=device)  # (a, rows per sentence)
     ranks = torch.arange(2 * k, device=device)
-    with eval_mode(model):
+    with eval_mode(model), _search_cache(model, request.use_cache) as cache:
         # Step 0 runs one row per sentence, then each row becomes its sentence's k beams:
         # rows a * k + j. The encoder outputs and the cross-attention cache keep one row
         # per sentence: the decoder reads a sentence's rows as one row of k queries there.
         enc_outputs = model.encode(src, src_valid_lens)
-        cache = model.new_cache() if request.use_cache else None
         tokens = torch.full((num_sentences, 1), start, dtype=torch.long, device=device)
         for step in range(int(max_lens.max()) + 1):
             num_active, width = scores.shape
