@@ -259,6 +259,32 @@ def test_buffer_pool_hands_out_the_smallest_kept_buffer_that_fits_and_keeps_the_
     assert pool.take(5, torch.zeros(1, dtype=torch.float64)).numel() == 10
 
 
+def test_buffers_made_in_inference_mode_are_handed_out_only_there():
+    """PyTorch forbids writing a tensor made under `torch.inference_mode` outside it: a
+    search in inference mode, then one without, both run (the second on new buffers)."""
+    from transformer.attention import BufferPool
+    pool = BufferPool(max_bytes=2 ** 20)
+    k = torch.randn(2, 4, 1, 8)
+
+    def decode() -> torch.Tensor:
+        cache = KVCache(pool=pool)
+        for _ in range(3):
+            cache.append(k, k)
+            cache.reorder(torch.tensor([1, 0]))
+        keys = cache.keys.clone()
+        cache.release()
+        return keys
+
+    with torch.inference_mode():
+        expected = decode()
+    made_there = {b.data_ptr() for b in pool._kept}
+    with torch.no_grad():
+        assert torch.equal(decode(), expected)
+    with torch.inference_mode():
+        assert torch.equal(decode(), expected)
+    assert made_there <= {b.data_ptr() for b in pool._kept}
+
+
 def test_a_released_cache_gives_the_next_cache_its_buffers_whatever_they_hold():
     """`KVCache.release` gives its buffers to the pool; a later cache writes into them
     (the same memory, no new allocation) and reads only what it wrote: buffers filled with

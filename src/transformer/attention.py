@@ -264,10 +264,14 @@ class BufferPool:
 
     def take(self, numel: int, like: Tensor) -> Tensor:
         """A flat buffer of at least `numel` elements of `like`'s dtype and device, its
-        contents undefined: a kept one, else a new one of twice `numel` (room to grow)."""
+        contents undefined: a kept one, else a new one of twice `numel` (room to grow).
+        A buffer made under `torch.inference_mode` is handed out only there, the one place
+        PyTorch lets it be written."""
+        writable = torch.is_inference_mode_enabled()
         with self._lock:
             fits = [i for i, b in enumerate(self._kept) if b.numel() >= numel
-                    and b.dtype == like.dtype and b.device == like.device]
+                    and b.dtype == like.dtype and b.device == like.device
+                    and (writable or not b.is_inference())]
             if fits:
                 return self._kept.pop(min(fits, key=lambda i: self._kept[i].numel()))
         return like.new_empty(2 * numel)
