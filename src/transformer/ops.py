@@ -126,8 +126,8 @@ INT8_ONEDNN = cpu_has_amx() and "onednn" in torch.backends.quantized.supported_e
 
 
 # PyTorch's dynamically quantized product, called as its one overload: the module's
-# `forward` and the operator's overload resolution cost ~10 us of Python per call, as much
-# as the product itself at a decoding step's few rows (docs/RESULTS.md, "Engines on every CPU").
+# `forward` and the operator's overload resolution cost as much Python per call as the
+# product itself takes at a decoding step's few rows (docs/RESULTS.md, "Engines on every CPU").
 _LINEAR_DYNAMIC = torch.ops.quantized.linear_dynamic.default
 
 
