@@ -119,7 +119,7 @@ FLOAT32_MAX_BLEU_DIFF = 0.2
 # MKL's, CTranslate2's): `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 # MKL_ENABLE_INSTRUCTIONS=AVX2 CT2_FORCE_CPU_ISA=AVX2 python bench/engines.py ...`
 ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
-              "CT2_FORCE_CPU_ISA")
+              "FBGEMM_ENABLE_INSTRUCTIONS", "CT2_FORCE_CPU_ISA")
 
 
 def cpu_description() -> str:
@@ -128,14 +128,15 @@ def cpu_description() -> str:
     (`runtime.cpu_has_native_bf16`, the probe `precision: auto` decides by), and the
     libraries our engine multiplies with there (`ops.FLOAT32_LIBRARY`, `ops.INT8_ONEDNN`)."""
     # imported here: a baseline row's process imports this file with an older package
-    from transformer.ops import FLOAT32_LIBRARY, INT8_ONEDNN, cpu_info
+    from transformer.ops import FLOAT32_LIBRARY, INT8_ONEDNN, cpu_has_amx, cpu_info
 
     name = cpu_info("model name") or platform.processor() or "unknown CPU"
     limits = [f"{key}={os.environ[key]}" for key in ISA_LIMITS if key in os.environ]
+    int8 = "FBGEMM" if not INT8_ONEDNN else "oneDNN (AMX)" if cpu_has_amx() else "oneDNN"
     return (f"CPU: {name}; torch CPU capability {torch.backends.cpu.get_cpu_capability()}, "
             f"native bf16 (AVX512-BF16 or AMX) {cpu_has_native_bf16()}; our float32 products "
             f"through {'oneDNN' if FLOAT32_LIBRARY == 'onednn' else 'BLAS'}, int8 wide layers "
-            f"through {'oneDNN (AMX)' if INT8_ONEDNN else 'FBGEMM'}"
+            f"through {int8}"
             + (f"; instruction sets limited by {' '.join(limits)}" if limits else ""))
 
 

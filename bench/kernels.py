@@ -91,7 +91,7 @@ def int8_linears(rounds: int) -> None:
         print("int8 linear layers: this PyTorch has no oneDNN int8 engine")
         return
     print("int8 linear layers (quantize_dynamic), us per call: FBGEMM / oneDNN (ops.INT8_ONEDNN "
-          "sends the wide layers to oneDNN on CPUs with AMX)")
+          "sends the wide layers to oneDNN wherever PyTorch has it)")
     for rows in (5, 40, 150, 750):
         cells = []
         for out_features, in_features in LINEARS:

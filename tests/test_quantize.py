@@ -61,8 +61,8 @@ def reference_int8(layer: nn.Linear, engine: str | None = None) -> nn.Module:
 
 
 def engine_of(layer: nn.Linear) -> str | None:
-    """The engine `quantize_int8` packs `layer` for: oneDNN's on CPUs with AMX for the wide
-    layers, else the engine selected (None)."""
+    """The engine `quantize_int8` packs `layer` for: oneDNN's for the wide layers where
+    PyTorch has it, else the engine selected (None)."""
     wide = layer.out_features >= ops.INT8_ONEDNN_MIN_OUTPUTS
     return "onednn" if ops.INT8_ONEDNN and wide else None
 
@@ -117,7 +117,7 @@ def test_an_int8_layer_takes_its_rows_in_chunks_of_bounded_output(monkeypatch):
     """FBGEMM's int8 layers slow down once a call's output is large: `quantize_int8`'s
     layers on FBGEMM take at most INT8_MAX_OUTPUTS // out_features rows per call, each chunk
     exactly what the plain int8 layer gives for it, in order, whatever the leading shape."""
-    monkeypatch.setattr(ops, "INT8_ONEDNN", False)  # a CPU without AMX
+    monkeypatch.setattr(ops, "INT8_ONEDNN", False)  # a PyTorch without oneDNN's int8 engine
     torch.manual_seed(0)
     layer = nn.Linear(16, 4096)
     quantized = quantize_int8(nn.Sequential(layer))[0]
@@ -131,12 +131,14 @@ def test_an_int8_layer_takes_its_rows_in_chunks_of_bounded_output(monkeypatch):
     assert torch.equal(quantized(steps), reference_int8(layer)(steps))
 
 
-@pytest.mark.parametrize("amx", [True, False])
-def test_on_amx_the_wide_int8_layers_are_packed_for_onednn_and_take_any_rows(amx, monkeypatch):
-    """With AMX (forced here either way), `quantize_int8` packs the layers of at least
-    INT8_ONEDNN_MIN_OUTPUTS outputs for oneDNN's kernels and the others for the engine
-    selected; a layer on oneDNN takes all its rows in one call, as the plain layer does."""
-    monkeypatch.setattr(ops, "INT8_ONEDNN", amx)
+@pytest.mark.parametrize("onednn", [True, False])
+def test_the_wide_int8_layers_are_packed_for_onednn_and_take_any_rows(onednn, monkeypatch):
+    """With oneDNN's int8 engine (forced here either way), `quantize_int8` packs the layers of
+    at least INT8_ONEDNN_MIN_OUTPUTS outputs for oneDNN's kernels and the others for the
+    engine selected; a layer on oneDNN takes all its rows in one call, as the plain layer
+    does, and is fed INT8_ONEDNN_CHUNK_OUTPUTS outputs' worth of rows at a time by beam
+    search (`rows_per_call`)."""
+    monkeypatch.setattr(ops, "INT8_ONEDNN", onednn)
     packed = []  # (layer names, engine) of each packing
     pack = ops.quantize_linears
     monkeypatch.setattr(ops, "quantize_linears",
@@ -146,12 +148,13 @@ def test_on_amx_the_wide_int8_layers_are_packed_for_onednn_and_take_any_rows(amx
     wide, narrow = nn.Linear(16, ops.INT8_ONEDNN_MIN_OUTPUTS), nn.Linear(16, 64)
     quantized = quantize_int8(nn.Sequential(wide, nn.ReLU(), narrow))
     selected = torch.backends.quantized.engine
-    assert packed == ([({"2"}, selected), ({"0"}, "onednn")] if amx
+    assert packed == ([({"2"}, selected), ({"0"}, "onednn")] if onednn
                       else [({"0", "2"}, selected), (set(), "onednn")])
-    x = torch.randn(3, 100, 16)  # 300 rows: more than FBGEMM's chunk of the wide layer
-    assert ops.rows_per_call(quantized[0]) == (None if amx else ops.INT8_MAX_OUTPUTS // 2048)
-    expected = reference_int8(wide, "onednn" if amx else None)
-    if amx:
+    x = torch.randn(3, 300, 16)  # 900 rows: more than either chunk of the wide layer
+    assert ops.rows_per_call(quantized[0]) == (
+        ops.INT8_ONEDNN_CHUNK_OUTPUTS // 2048 if onednn else ops.INT8_MAX_OUTPUTS // 2048)
+    expected = reference_int8(wide, "onednn" if onednn else None)
+    if onednn:
         assert torch.equal(quantized[0](x), expected(x))
     assert ops.rows_per_call(quantized[2]) == ops.INT8_MAX_OUTPUTS // 64
     assert torch.equal(quantized[2](x), reference_int8(narrow)(x))

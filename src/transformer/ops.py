@@ -9,8 +9,8 @@
 - `quantize_int8`: a copy of a model whose linear layers (`nn.Linear` and `Linear`) are
   PyTorch's dynamically quantized int8 ones (`torch.ao.quantization.quantize_dynamic`):
   int8 weights, each input quantized as it comes; CPU only. Our engine's `quantize="int8"`.
-  The layers run FBGEMM's kernels, and on CPUs with AMX the wide ones (the output
-  projection) oneDNN's, which use its int8 tiles (`INT8_ONEDNN`).
+  The narrow layers run FBGEMM's kernels, the wide ones (the output projection) oneDNN's
+  (`INT8_ONEDNN`).
 
 - `Dropout`: `nn.Dropout` with a cheaper random mask on CPU: `torch.bernoulli_` draws a float
   per element, this draws one random byte per element and compares it with a threshold.
@@ -38,7 +38,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 __all__ = ["Dropout", "Linear", "linear", "FLOAT32_LIBRARY", "quantize_int8", "INT8_MAX_OUTPUTS",
-           "INT8_ONEDNN", "INT8_ONEDNN_MIN_OUTPUTS", "quantize_linears", "rows_per_call",
+           "INT8_ONEDNN", "INT8_ONEDNN_MIN_OUTPUTS",
+           "INT8_ONEDNN_CHUNK_OUTPUTS", "quantize_linears", "rows_per_call",
            "cpu_info", "cpu_vendor", "cpu_has_amx",
            "linear_label_smoothed_cross_entropy"]
 
@@ -118,12 +119,17 @@ M = TypeVar("M", bound=nn.Module)
 # vocabulary), where oneDNN's float32 keeps its pace (docs/RESULTS.md, "Engines on every CPU").
 INT8_MAX_OUTPUTS = 2 ** 19
 
-# On CPUs with AMX, int8 layers of at least this many output features (the output
-# projection) run oneDNN's kernels, 2-4x faster than FBGEMM's from 40 rows on and keeping
-# their pace at any number of rows; the narrower layers stay on FBGEMM, faster below ~150 rows.
+# Int8 layers of at least this many output features (the output projection) run oneDNN's
+# kernels, wherever PyTorch has them: faster than FBGEMM's at a decoding step's hundreds of
+# rows on every instruction set measured (AMX, AVX-512 with and without VNNI, AVX2), and
+# keeping their pace at any number of rows; the narrower layers stay on FBGEMM, faster at
+# few rows (docs/RESULTS.md, "Engines on every CPU").
 INT8_ONEDNN_MIN_OUTPUTS = 2048
-INT8_ONEDNN = cpu_has_amx() and "onednn" in torch.backends.quantized.supported_engines
-
+INT8_ONEDNN = "onednn" in torch.backends.quantized.supported_engines
+# Outputs per chunk in which beam search consumes a oneDNN int8 layer's logits
+# (`rows_per_call`): the layer takes any number of rows, but a chunk's logits stay in the
+# CPU's caches for their log-softmax and top-k.
+INT8_ONEDNN_CHUNK_OUTPUTS = 2 ** 20
 
 # PyTorch's dynamically quantized product, called as its one overload: the module's
 # `forward` and the operator's overload resolution cost as much Python per call as the
@@ -146,12 +152,16 @@ class _RowChunkedInt8Linear(torch.ao.nn.quantized.dynamic.Linear):
 
 
 def rows_per_call(layer: nn.Module) -> int | None:
-    """The most input rows `layer` computes in one call: an int8 layer's row chunks
-    (`INT8_MAX_OUTPUTS // out_features`), None (any number) for the others. A caller that
-    splits its own work at this size (beam search over the output projection) saves the
-    joining of the chunks' outputs."""
+    """The input rows at a time in which to feed `layer` when its outputs are consumed chunk
+    by chunk (beam search over the output projection), None (all at once) for float32
+    layers: an FBGEMM int8 layer's own row chunks (`INT8_MAX_OUTPUTS // out_features`, the
+    most it computes in one call: a caller that splits its work at this size saves the
+    joining of the chunks' outputs); a oneDNN int8 layer's `INT8_ONEDNN_CHUNK_OUTPUTS //
+    out_features`."""
     if isinstance(layer, _RowChunkedInt8Linear):
         return max(1, INT8_MAX_OUTPUTS // layer.out_features)
+    if isinstance(layer, torch.ao.nn.quantized.dynamic.Linear):  # packed for oneDNN
+        return max(1, INT8_ONEDNN_CHUNK_OUTPUTS // layer.out_features)
     return None
 
 

@@ -312,9 +312,9 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
 def _best_candidates(model: Transformer, scores: Tensor, hidden: Tensor, k: int,
                      forced: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """`_top_candidates` from the decoder states `hidden` (a * width, d): the logits of
-    as many whole sentences at a time as the output projection takes rows in one call
-    (`ops.rows_per_call`; the int8 layer's row chunks), so that they are never joined
-    into one (rows, vocab) tensor."""
+    as many whole sentences at a time as `ops.rows_per_call` gives the output projection
+    rows (an int8 layer's chunks: its logits are never joined into one (rows, vocab)
+    tensor, and each chunk's stay in the CPU's caches for their log-softmax and top-k)."""
     num_active, width = scores.shape
     rows = rows_per_call(model.output_projection)
     per = num_active if rows is None else max(1, rows // width)  # sentences per chunk
