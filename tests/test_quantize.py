@@ -194,6 +194,40 @@ def test_beam_search_feeds_the_int8_projection_whole_sentences_in_its_row_chunks
         [[h.score for h in hyps] for hyps in joined]
 
 
+def test_beam_search_feeds_a_onednn_projection_whole_sentences_in_its_chunks(
+        random_pair, monkeypatch):
+    """An output projection packed for oneDNN takes any number of rows, and beam search
+    feeds it `rows_per_call` rows at a time, whole sentences (INT8_ONEDNN_CHUNK_OUTPUTS
+    forced down to two sentences' logits here); what the search finds with it stays within
+    int8 of float32: the same best output on most inputs."""
+    monkeypatch.setattr(ops, "INT8_ONEDNN", True)
+    float_model = random_pair[0].model
+    vocab = float_model.output_projection.out_features
+    monkeypatch.setattr(ops, "INT8_ONEDNN_MIN_OUTPUTS", vocab)  # the projection only
+    model = quantize_int8(float_model)
+    projection = model.output_projection
+    assert type(projection) is DynamicQuantizedLinear  # packed for oneDNN, not row-chunked
+    beam = 5
+    monkeypatch.setattr(ops, "INT8_ONEDNN_CHUNK_OUTPUTS", 2 * beam * vocab)
+    assert ops.rows_per_call(projection) == 2 * beam
+    gen = torch.Generator().manual_seed(0)
+    sources = [torch.randint(4, 60, (n,), generator=gen).tolist() + [model.config.eos_id]
+               for n in (3, 5, 7, 7, 9, 11, 12)]
+    request = DecodingRequest(beam_size=beam, nbest=2)
+    rows = []  # rows of each call of the projection
+    hook = projection.register_forward_pre_hook(lambda _, args: rows.append(len(args[0])))
+    try:
+        found = search_corpus(model, sources, request)
+    finally:
+        hook.remove()
+    assert max(rows) == 2 * beam
+    assert rows.count(beam) > 0  # the odd sentence out: 1 of 7
+    expected = search_corpus(float_model, sources, request)
+    assert [len(hyps) for hyps in found] == [2] * len(sources)
+    same = sum(a[0].tokens == b[0].tokens for a, b in zip(found, expected, strict=True))
+    assert same > len(sources) // 2
+
+
 def test_the_model_given_is_left_float32(random_checkpoint):
     model = model_from_checkpoint(load_checkpoint(random_checkpoint), "random")
     before = {k: v.clone() for k, v in model.state_dict().items()}
