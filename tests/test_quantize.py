@@ -136,8 +136,8 @@ def test_the_wide_int8_layers_are_packed_for_onednn_and_take_any_rows(onednn, mo
     """With oneDNN's int8 engine (forced here either way), `quantize_int8` packs the layers of
     at least INT8_ONEDNN_MIN_OUTPUTS outputs for oneDNN's kernels and the others for the
     engine selected; a layer on oneDNN takes all its rows in one call, as the plain layer
-    does, and is fed INT8_ONEDNN_CHUNK_OUTPUTS outputs' worth of rows at a time by beam
-    search (`rows_per_call`)."""
+    does, and is fed INT8_ONEDNN_CHUNK_ROWS rows at a time by beam search
+    (`rows_per_call`)."""
     monkeypatch.setattr(ops, "INT8_ONEDNN", onednn)
     packed = []  # (layer names, engine) of each packing
     pack = ops.quantize_linears
@@ -152,7 +152,7 @@ def test_the_wide_int8_layers_are_packed_for_onednn_and_take_any_rows(onednn, mo
                       else [({"0", "2"}, selected), (set(), "onednn")])
     x = torch.randn(3, 300, 16)  # 900 rows: more than either chunk of the wide layer
     assert ops.rows_per_call(quantized[0]) == (
-        ops.INT8_ONEDNN_CHUNK_OUTPUTS // 2048 if onednn else ops.INT8_MAX_OUTPUTS // 2048)
+        ops.INT8_ONEDNN_CHUNK_ROWS if onednn else ops.INT8_MAX_OUTPUTS // 2048)
     expected = reference_int8(wide, "onednn" if onednn else None)
     if onednn:
         assert torch.equal(quantized[0](x), expected(x))
@@ -197,8 +197,8 @@ def test_beam_search_feeds_the_int8_projection_whole_sentences_in_its_row_chunks
 def test_beam_search_feeds_a_onednn_projection_whole_sentences_in_its_chunks(
         random_pair, monkeypatch):
     """An output projection packed for oneDNN takes any number of rows, and beam search
-    feeds it `rows_per_call` rows at a time, whole sentences (INT8_ONEDNN_CHUNK_OUTPUTS
-    forced down to two sentences' logits here); what the search finds with it stays within
+    feeds it `rows_per_call` rows at a time, whole sentences (INT8_ONEDNN_CHUNK_ROWS
+    forced down to two sentences' rows here); what the search finds with it stays within
     int8 of float32: the same best output on most inputs."""
     monkeypatch.setattr(ops, "INT8_ONEDNN", True)
     float_model = random_pair[0].model
@@ -208,7 +208,7 @@ def test_beam_search_feeds_a_onednn_projection_whole_sentences_in_its_chunks(
     projection = model.output_projection
     assert type(projection) is DynamicQuantizedLinear  # packed for oneDNN, not row-chunked
     beam = 5
-    monkeypatch.setattr(ops, "INT8_ONEDNN_CHUNK_OUTPUTS", 2 * beam * vocab)
+    monkeypatch.setattr(ops, "INT8_ONEDNN_CHUNK_ROWS", 2 * beam)
     assert ops.rows_per_call(projection) == 2 * beam
     gen = torch.Generator().manual_seed(0)
     sources = [torch.randint(4, 60, (n,), generator=gen).tolist() + [model.config.eos_id]

@@ -39,7 +39,7 @@ from torch.nn import functional as F
 
 __all__ = ["Dropout", "Linear", "linear", "FLOAT32_LIBRARY", "quantize_int8", "INT8_MAX_OUTPUTS",
            "INT8_ONEDNN", "INT8_ONEDNN_MIN_OUTPUTS",
-           "INT8_ONEDNN_CHUNK_OUTPUTS", "quantize_linears", "rows_per_call",
+           "INT8_ONEDNN_CHUNK_ROWS", "quantize_linears", "rows_per_call",
            "cpu_info", "cpu_vendor", "cpu_has_amx",
            "linear_label_smoothed_cross_entropy"]
 
@@ -126,10 +126,11 @@ INT8_MAX_OUTPUTS = 2 ** 19
 # few rows (docs/RESULTS.md, "Engines on every CPU").
 INT8_ONEDNN_MIN_OUTPUTS = 2048
 INT8_ONEDNN = "onednn" in torch.backends.quantized.supported_engines
-# Outputs per chunk in which beam search consumes a oneDNN int8 layer's logits
-# (`rows_per_call`): the layer takes any number of rows, but a chunk's logits stay in the
-# CPU's caches for their log-softmax and top-k.
-INT8_ONEDNN_CHUNK_OUTPUTS = 2 ** 20
+# Rows per chunk in which beam search consumes a oneDNN int8 layer's logits
+# (`rows_per_call`; 26 sentences at beam 5): the layer takes any number of rows, but a
+# chunk's logits stay in the CPU's caches for their log-softmax and top-k, at any
+# vocabulary size (docs/RESULTS.md, "Engines on every CPU").
+INT8_ONEDNN_CHUNK_ROWS = 130
 
 # PyTorch's dynamically quantized product, called as its one overload: the module's
 # `forward` and the operator's overload resolution cost as much Python per call as the
@@ -156,12 +157,11 @@ def rows_per_call(layer: nn.Module) -> int | None:
     by chunk (beam search over the output projection), None (all at once) for float32
     layers: an FBGEMM int8 layer's own row chunks (`INT8_MAX_OUTPUTS // out_features`, the
     most it computes in one call: a caller that splits its work at this size saves the
-    joining of the chunks' outputs); a oneDNN int8 layer's `INT8_ONEDNN_CHUNK_OUTPUTS //
-    out_features`."""
+    joining of the chunks' outputs); a oneDNN int8 layer's `INT8_ONEDNN_CHUNK_ROWS`."""
     if isinstance(layer, _RowChunkedInt8Linear):
         return max(1, INT8_MAX_OUTPUTS // layer.out_features)
     if isinstance(layer, torch.ao.nn.quantized.dynamic.Linear):  # packed for oneDNN
-        return max(1, INT8_ONEDNN_CHUNK_OUTPUTS // layer.out_features)
+        return INT8_ONEDNN_CHUNK_ROWS
     return None
 
 
