@@ -160,6 +160,21 @@ def test_the_wide_int8_layers_are_packed_for_onednn_and_take_any_rows(onednn, mo
     assert torch.equal(quantized[2](x), reference_int8(narrow)(x))
 
 
+def search_counting_projection_rows(model, beam: int) -> tuple[list, list[int]]:
+    """Beam search (beam `beam`, 2-best) over seven random sources of 3-12 pieces -> its
+    n-best lists and the rows of each call of `model`'s output projection."""
+    gen = torch.Generator().manual_seed(0)
+    sources = [torch.randint(4, 60, (n,), generator=gen).tolist() + [model.config.eos_id]
+               for n in (3, 5, 7, 7, 9, 11, 12)]
+    rows = []  # rows of each call of the projection
+    hook = model.output_projection.register_forward_pre_hook(
+        lambda _, args: rows.append(len(args[0])))
+    try:
+        return search_corpus(model, sources, DecodingRequest(beam_size=beam, nbest=2)), rows
+    finally:
+        hook.remove()
+
+
 def test_beam_search_feeds_the_int8_projection_whole_sentences_in_its_row_chunks(
         random_pair, monkeypatch):
     """Beam search computes the int8 output projection's logits `rows_per_call` rows at a
@@ -175,19 +190,11 @@ def test_beam_search_feeds_the_int8_projection_whole_sentences_in_its_row_chunks
     monkeypatch.setattr(ops, "INT8_MAX_OUTPUTS", 2 * beam * projection.out_features)
     assert ops.rows_per_call(projection) == 2 * beam  # two sentences per call
     assert ops.rows_per_call(random_pair[0].model.output_projection) is None  # float32: any
-    gen = torch.Generator().manual_seed(0)
-    sources = [torch.randint(4, 60, (n,), generator=gen).tolist() + [model.config.eos_id]
-               for n in (3, 5, 7, 7, 9, 11, 12)]
-    request = DecodingRequest(beam_size=beam, nbest=2)
-    rows = []  # rows of each call of the projection
-    hook = projection.register_forward_pre_hook(lambda _, args: rows.append(len(args[0])))
-    try:
-        chunked = search_corpus(model, sources, request)
-    finally:
-        hook.remove()
+    chunked, rows = search_counting_projection_rows(model, beam)
     assert max(rows) == 2 * beam and rows.count(beam) > 0  # the odd sentence out: 1 of 7
     monkeypatch.setattr(search, "rows_per_call", lambda layer: None)  # one call per step
-    joined = search_corpus(model, sources, request)
+    joined, rows = search_counting_projection_rows(model, beam)
+    assert max(rows) > 2 * beam
     assert [[h.tokens for h in hyps] for hyps in chunked] == \
         [[h.tokens for h in hyps] for hyps in joined]
     assert [[h.score for h in hyps] for hyps in chunked] == \
@@ -210,22 +217,12 @@ def test_beam_search_feeds_a_onednn_projection_whole_sentences_in_its_chunks(
     beam = 5
     monkeypatch.setattr(ops, "INT8_ONEDNN_CHUNK_ROWS", 2 * beam)
     assert ops.rows_per_call(projection) == 2 * beam
-    gen = torch.Generator().manual_seed(0)
-    sources = [torch.randint(4, 60, (n,), generator=gen).tolist() + [model.config.eos_id]
-               for n in (3, 5, 7, 7, 9, 11, 12)]
-    request = DecodingRequest(beam_size=beam, nbest=2)
-    rows = []  # rows of each call of the projection
-    hook = projection.register_forward_pre_hook(lambda _, args: rows.append(len(args[0])))
-    try:
-        found = search_corpus(model, sources, request)
-    finally:
-        hook.remove()
-    assert max(rows) == 2 * beam
-    assert rows.count(beam) > 0  # the odd sentence out: 1 of 7
-    expected = search_corpus(float_model, sources, request)
-    assert [len(hyps) for hyps in found] == [2] * len(sources)
+    found, rows = search_counting_projection_rows(model, beam)
+    assert max(rows) == 2 * beam and rows.count(beam) > 0  # the odd sentence out: 1 of 7
+    expected, _ = search_counting_projection_rows(float_model, beam)
+    assert [len(hyps) for hyps in found] == [2] * len(expected)
     same = sum(a[0].tokens == b[0].tokens for a, b in zip(found, expected, strict=True))
-    assert same > len(sources) // 2
+    assert same > len(expected) // 2
 
 
 def test_the_model_given_is_left_float32(random_checkpoint):
