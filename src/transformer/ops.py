@@ -38,9 +38,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 __all__ = ["Dropout", "Linear", "linear", "FLOAT32_LIBRARY", "quantize_int8", "INT8_MAX_OUTPUTS",
-           "INT8_ONEDNN", "INT8_ONEDNN_MIN_OUTPUTS",
-           "INT8_ONEDNN_CHUNK_ROWS", "quantize_linears", "rows_per_call",
-           "cpu_info", "cpu_vendor", "cpu_has_amx",
+           "INT8_ONEDNN", "INT8_ONEDNN_MIN_OUTPUTS", "INT8_ONEDNN_CHUNK_ROWS", "quantize_linears",
+           "rows_per_call", "cpu_info", "cpu_vendor", "cpu_has_amx",
            "linear_label_smoothed_cross_entropy"]
 
 
