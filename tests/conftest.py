@@ -18,6 +18,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,46 @@ REPO = Path(__file__).resolve().parents[1]
 MULTI30K_SLICE = REPO / "tests" / "data" / "multi30k"
 SHARED_MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 FULL_LANGS = ("en", "de", "fr")  # what the full-corpus tests read, raw and tokenized
+XDIST_WORKER = "PYTEST_XDIST_WORKER"  # set in the worker processes of `pytest -n N`
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In pytest-xdist's workers (the README's `pytest -n 2`), torch's operators and the
+    commands the tests start run on one thread each: two workers of two OpenMP threads on
+    two cores would leave every operator waiting for a thread that lost its core."""
+    if XDIST_WORKER in os.environ:
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Every test leaves torch's thread count as it found it (commands run in-process set
+    it from their `--threads`), so that the tests after it run on the threads chosen above."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str,
+               build: Callable[[Path], object]) -> Path:
+    """The file `name`, made by `build(path)` once per test run: under pytest-xdist the
+    first worker to ask builds it, under a lock, in the folder all the run's workers share,
+    and the others wait for it and read it, instead of each training the same model."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if XDIST_WORKER in os.environ:
+        root = root.parent  # the run's folder, above each worker's own
+    path = root / name
+    with FileLock(f"{path}.lock"):
+        if not path.exists():
+            build(path)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -236,17 +277,18 @@ def en_de_checkpoint(multi30k_tokenizer, tmp_path_factory) -> Path:
     from transformer.config import DecodingSettings, TrainConfig
     from transformer.tokenizer import TokenizerPair
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    tokenizers = TokenizerPair(multi30k_tokenizer, multi30k_tokenizer)
-    model = train_en_de(tokenizers, _read_gz(MULTI30K_SLICE / "train.en.gz"),
-                        _read_gz(MULTI30K_SLICE / "train.de.gz"))
-    torch.set_num_threads(threads)
-    path = tmp_path_factory.mktemp("en_de") / "checkpoint.pt"
-    save_checkpoint(inference_checkpoint(model, tokenizers, training_config=TrainConfig(),
-                                         decoding=DecodingSettings(alpha=1.0, beam_size=4)),
-                    path)
-    return path
+    def build(path: Path) -> None:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        tokenizers = TokenizerPair(multi30k_tokenizer, multi30k_tokenizer)
+        model = train_en_de(tokenizers, _read_gz(MULTI30K_SLICE / "train.en.gz"),
+                            _read_gz(MULTI30K_SLICE / "train.de.gz"))
+        torch.set_num_threads(threads)
+        save_checkpoint(inference_checkpoint(model, tokenizers, training_config=TrainConfig(),
+                                             decoding=DecodingSettings(alpha=1.0, beam_size=4)),
+                        path)
+
+    return built_once(tmp_path_factory, "en_de.pt", build)
 
 
 # ---- the copy task: a model that must learn --------------------------------------------------
@@ -266,14 +308,15 @@ def copy_checkpoint(tmp_path_factory) -> Path:
     from transformer.checkpoint import inference_checkpoint, save_checkpoint
     from transformer.tokenizer import Tokenizer, TokenizerPair
 
-    rng = random.Random(0)
-    tokenizer = Tokenizer.train([copy_sentence(rng) for _ in range(2000)], vocab_size=24,
-                                byte_fallback=False)
-    model = train_copy_model(tokenizer, rng)
-    path = tmp_path_factory.mktemp("copy") / "copy.pt"
-    save_checkpoint(inference_checkpoint(model, TokenizerPair(tokenizer, tokenizer),
-                                         training_config=None), path)
-    return path
+    def build(path: Path) -> None:
+        rng = random.Random(0)
+        tokenizer = Tokenizer.train([copy_sentence(rng) for _ in range(2000)], vocab_size=24,
+                                    byte_fallback=False)
+        model = train_copy_model(tokenizer, rng)
+        save_checkpoint(inference_checkpoint(model, TokenizerPair(tokenizer, tokenizer),
+                                             training_config=None), path)
+
+    return built_once(tmp_path_factory, "copy.pt", build)
 
 
 def train_copy_model(tokenizer: Tokenizer, rng: random.Random, steps: int = 450) -> Transformer:

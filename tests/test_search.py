@@ -402,8 +402,12 @@ def test_fast_search_equals_the_plain_reference(en_de_checkpoint, multi30k_lines
     model = translator.model
     sources = translator._encode(multi30k_lines("test_2016_flickr.en.gz")[:20], 0)
     settings = DecodingRequest(beam_size=beam_size, alpha=alpha)
+    threads = torch.get_num_threads()
     torch.set_num_threads(2)  # two batches at a time
-    fast = search_corpus(model, sources, replace(settings, nbest=nbest), max_tokens=200)
+    try:
+        fast = search_corpus(model, sources, replace(settings, nbest=nbest), max_tokens=200)
+    finally:
+        torch.set_num_threads(threads)
     limits = max_output_lengths(torch.tensor([len(s) for s in sources]), 1.5, 10,
                                 model.config.max_positions).tolist()
     for src, hyps, limit in zip(sources, fast, limits, strict=True):
