@@ -30,7 +30,7 @@ earlier commit), for speed-ups measured in the same run.
     python bench/engines.py [--checkpoint RUN_OR_PT] [--data-root DIR] [--threads 1 2]
                             [--sentences 1000] [--join 1] [--repeats 3] [--rounds 2]
                             [--profile] [--baseline-src DIR] [--rows "torch" "ct2 float32" ...]
-                            [--ct2-once]
+                            [--ct2-once] [--isa AVX2|AVX512]
 
 `--join 4` translates every 4 consecutive test lines as one input (long inputs; the
 references joined alike). Below the table, at every thread count: ours float32 against
@@ -40,7 +40,9 @@ beside it the same ratio within each round (the two rows' processes run one afte
 whose spread shows how far the machine's drift moves the ratio.
 
 Above the table: the CPU's name and what PyTorch's kernels use on it (its CPU capability,
-e.g. AVX512, and whether it computes bf16 natively, AVX512-BF16).
+e.g. AVX512, and whether it computes bf16 natively, AVX512-BF16). `--isa AVX2` (or AVX512,
+without VNNI) holds every library to that instruction set (`ISA_LIMITS`), as a CPU with
+only it would run: this machine's clock and caches, another CPU's kernels.
 `--profile` also prints where our engine's time goes (torch.profiler, operators by self CPU
 time, at the smallest thread count: the least disturbed by other processes), how many
 decoding steps ran over how many rows, and the fixed cost of a step (one input alone).
@@ -115,11 +117,37 @@ INT8_MAX_BLEU_DROP, INT8_MAX_SIZE = 0.5, 0.30
 FLOAT32_MAX_BLEU_DIFF = 0.2
 
 
-# What runs an AVX-512 machine's kernels as an AVX2-only machine would (PyTorch's own, oneDNN's,
-# MKL's, CTranslate2's): `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
-# MKL_ENABLE_INSTRUCTIONS=AVX2 CT2_FORCE_CPU_ISA=AVX2 python bench/engines.py ...`
-ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
-              "FBGEMM_ENABLE_INSTRUCTIONS", "CT2_FORCE_CPU_ISA")
+# `--isa`: the environment variables that hold each library's kernels (PyTorch's own,
+# oneDNN's, MKL's, FBGEMM's, CTranslate2's) to an instruction set, so that a machine with more
+# runs the kernels a CPU with less would, with its own clock and caches. "AVX512": AVX-512
+# without VNNI (a Skylake-class Xeon's int8 kernels).
+ISA_LIMITS = {
+    "AVX2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             "MKL_ENABLE_INSTRUCTIONS": "AVX2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
+             "CT2_FORCE_CPU_ISA": "AVX2"},
+    "AVX512": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+               "MKL_ENABLE_INSTRUCTIONS": "AVX512", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX512",
+               "CT2_FORCE_CPU_ISA": "AVX512"},
+}
+
+
+def add_isa_argument(parser: argparse.ArgumentParser) -> None:
+    """`--isa AVX2|AVX512`: run on the kernels of a CPU with only that instruction set."""
+    parser.add_argument("--isa", choices=list(ISA_LIMITS),
+                        help="hold every library's kernels to this instruction set (AVX512: "
+                             "without VNNI), as a CPU with only it would run them")
+
+
+def hold_to_isa(isa: str | None) -> None:
+    """Start this script over with `ISA_LIMITS[isa]` in its environment (the libraries read
+    them when they load, which has happened by now); nothing when `isa` is None or the
+    environment holds them already."""
+    if isa is None:
+        return
+    limits = ISA_LIMITS[isa]
+    if any(os.environ.get(key) != value for key, value in limits.items()):
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **limits})
 
 
 def cpu_description() -> str:
@@ -131,7 +159,7 @@ def cpu_description() -> str:
     from transformer.ops import FLOAT32_LIBRARY, INT8_ONEDNN, cpu_has_amx, cpu_info
 
     name = cpu_info("model name") or platform.processor() or "unknown CPU"
-    limits = [f"{key}={os.environ[key]}" for key in ISA_LIMITS if key in os.environ]
+    limits = [f"{key}={os.environ[key]}" for key in ISA_LIMITS["AVX2"] if key in os.environ]
     int8 = "FBGEMM" if not INT8_ONEDNN else "oneDNN (AMX)" if cpu_has_amx() else "oneDNN"
     return (f"CPU: {name}; torch CPU capability {torch.backends.cpu.get_cpu_capability()}, "
             f"native bf16 (AVX512-BF16 or AMX) {cpu_has_native_bf16()}; our float32 products "
@@ -154,6 +182,7 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sentences", type=int, default=1000)
     parser.add_argument("--join", type=int, default=1, metavar="N",
                         help="translate every N consecutive test lines as one input")
+    add_isa_argument(parser)
 
 
 def inputs(args: argparse.Namespace, lang: str) -> list[str]:
@@ -316,6 +345,7 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    hold_to_isa(args.isa)
     if args.child:
         child(args)
         return

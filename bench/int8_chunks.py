@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Callable
 
 import torch
-from engines import add_input_arguments, cpu_description, inputs  # bench/engines.py
+from engines import add_input_arguments, cpu_description, hold_to_isa, inputs  # bench/engines.py
 from paired import paired_passes  # bench/paired.py
 
 import transformer.search as search
@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=8, help="pairs of passes")
     args = parser.parse_args()
+    hold_to_isa(args.isa)
     sources = inputs(args, "en")
     print(cpu_description())
     translator = Translator.load(args.checkpoint, device="cpu", quantize="int8")

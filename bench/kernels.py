@@ -12,9 +12,7 @@ one thread, on the shapes beam search at beam 5 produces for ~150 sentences of M
 (rows = sentences x beams; d 128, 4 heads of 32, FFN 256, vocabulary 8,000).
 
     python bench/kernels.py
-    # the same kernels as an AVX2-only CPU runs them (PyTorch's, oneDNN's, MKL's):
-    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
-        python bench/kernels.py
+    python bench/kernels.py --isa AVX2   # the kernels an AVX2-only CPU runs (engines.ISA_LIMITS)
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from engines import cpu_description  # bench/engines.py
+from engines import add_isa_argument, cpu_description, hold_to_isa  # bench/engines.py
 
 from transformer.attention import CPU_SHORT_SOFTMAX, CPU_SMALL_BMM, _softmax, _weighted_values
 from transformer.ops import linear, quantize_linears
@@ -149,7 +147,9 @@ def cache_layout(rounds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
+    add_isa_argument(parser)
     args = parser.parse_args()
+    hold_to_isa(args.isa)
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}; one thread")
     print(cpu_description())

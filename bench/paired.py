@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from engines import add_input_arguments, cpu_description, inputs  # bench/engines.py
+from engines import add_input_arguments, cpu_description, hold_to_isa, inputs  # bench/engines.py
 
 from transformer.translator import Translator
 
@@ -65,6 +65,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--quantize", choices=["int8"], default=None)
     args = parser.parse_args()
+    hold_to_isa(args.isa)
     torch.set_num_threads(args.threads)
     sources = inputs(args, "en")
     with tempfile.TemporaryDirectory() as folder:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from engines import add_input_arguments, cpu_description, inputs  # bench/engines.py
+from engines import add_input_arguments, cpu_description, hold_to_isa, inputs  # bench/engines.py
 
 # One process: load, read its inputs (a JSON line), warm up, say "ready", wait for a line,
 # translate them.
@@ -67,6 +67,7 @@ def main() -> None:
     add_input_arguments(parser)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    hold_to_isa(args.isa)
     sources = inputs(args, "en")
     print(cpu_description())
     times: dict[str, list[float]] = {name: [] for name in ARRANGEMENTS}
