@@ -129,6 +129,7 @@ ISA_LIMITS = {
                "MKL_ENABLE_INSTRUCTIONS": "AVX512", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX512",
                "CT2_FORCE_CPU_ISA": "AVX512"},
 }
+ISA_VARIABLES = tuple(ISA_LIMITS["AVX2"])  # every instruction set sets the same ones
 
 
 def add_isa_argument(parser: argparse.ArgumentParser) -> None:
@@ -159,7 +160,7 @@ def cpu_description() -> str:
     from transformer.ops import FLOAT32_LIBRARY, INT8_ONEDNN, cpu_has_amx, cpu_info
 
     name = cpu_info("model name") or platform.processor() or "unknown CPU"
-    limits = [f"{key}={os.environ[key]}" for key in ISA_LIMITS["AVX2"] if key in os.environ]
+    limits = [f"{key}={os.environ[key]}" for key in ISA_VARIABLES if key in os.environ]
     int8 = "FBGEMM" if not INT8_ONEDNN else "oneDNN (AMX)" if cpu_has_amx() else "oneDNN"
     return (f"CPU: {name}; torch CPU capability {torch.backends.cpu.get_cpu_capability()}, "
             f"native bf16 (AVX512-BF16 or AMX) {cpu_has_native_bf16()}; our float32 products "
