@@ -7,7 +7,9 @@ import dataclasses
 import functools
 import gzip
 import hashlib
+import itertools
 import logging
+import random
 import threading
 from dataclasses import fields
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -19,7 +21,13 @@ import torch
 from omegaconf import OmegaConf
 
 from transformer import config
-from transformer.batching import eval_batches, padding_ratio, sorted_batches, train_batches
+from transformer.batching import (
+    eval_batches,
+    even_rounds,
+    padding_ratio,
+    sorted_batches,
+    train_batches,
+)
 from transformer.config import DataConfig
 from transformer.data import corpus_files, eval_set_files, load_data
 from transformer.errors import DataError
@@ -431,6 +439,50 @@ def test_decoding_batches_keep_both_bounds(max_examples):
         assert len(b) * max(sizes[i] for i in b) <= 1000 and len(b) <= limit
         if after:  # the next sentence did not fit: too long, or the batch was full
             assert (len(b) + 1) * sizes[b[0]] > 1000 or len(b) == limit
+
+
+def _least_largest_batch(sizes: list[int], m: int, max_examples: int) -> int:
+    """The reference for `even_rounds`: over every cut of `sizes` (longest first) into m
+    consecutive batches of at most `max_examples`, the smallest largest padded batch."""
+    best = None
+    for cuts in itertools.combinations(range(1, len(sizes)), m - 1):
+        bounds = list(zip((0, *cuts), (*cuts, len(sizes)), strict=True))
+        if all(b - a <= max_examples for a, b in bounds):
+            largest = max((b - a) * sizes[a] for a, b in bounds)
+            best = largest if best is None else min(best, largest)
+    return best
+
+
+@pytest.mark.parametrize("parallel", [2, 3])
+def test_even_rounds_cut_the_batches_into_full_rounds_of_the_least_tokens(parallel):
+    """`even_rounds`: n batches that are not a multiple of the threads become the same
+    sentences, in the same order, in a multiple of the threads up to m = parallel x (n //
+    parallel) batches, none over `max_examples` sentences, the largest batch as small as
+    any cut into m batches can make it (every cut tried), if that is within n / m x
+    `max_tokens` padded positions."""
+    rng = random.Random(parallel)
+    tried = 0
+    for _ in range(200):
+        sizes = [rng.randint(1, 20) for _ in range(rng.randint(4, 14))]
+        max_tokens, max_examples = rng.randint(20, 60), rng.randint(3, 8)
+        batches = sorted_batches(range(len(sizes)), sizes, max_tokens, max_examples)
+        n = len(batches)
+        packed = even_rounds(batches, sizes, max_tokens, parallel, max_examples)
+        if n <= parallel or n % parallel == 0:
+            assert packed == batches
+            continue
+        m = n // parallel * parallel
+        least = _least_largest_batch([sizes[i] for b in batches for i in b], m, max_examples)
+        if least is None or least > max_tokens * n // m:
+            assert packed == batches  # no full rounds within the bounds
+            continue
+        tried += 1
+        assert [i for b in packed for i in b] == [i for b in batches for i in b]
+        assert len(packed) % parallel == 0 and len(packed) <= m
+        assert all(len(b) <= max_examples for b in packed)
+        assert max(len(b) * sizes[b[0]] for b in packed) == least
+    assert tried >= 20
+    assert even_rounds(batches, sizes, max_tokens, 1, max_examples) == batches
 
 
 def test_padding_at_most_ten_percent_on_multi30k(full_multi30k, multi30k_tokenizer):

@@ -390,6 +390,39 @@ def test_prefix_scores_are_the_forced_tokens_log_probs(model):
     assert hyp.log_prob == pytest.approx(expected, abs=1e-4)
 
 
+@pytest.mark.parametrize("request_", [DecodingRequest(beam_size=4),
+                                      DecodingRequest(beam_size=1,
+                                                      sampling=Sampling(topk=10, seed=1))])
+def test_two_threads_search_in_full_rounds_but_sample_the_batches_of_one(model, monkeypatch,
+                                                                         request_):
+    """With 2 threads, beam search's 3 packed batches become 2 (`batching.even_rounds`:
+    no thread waits for another's last batch), with the outputs of 1 thread; sampling keeps
+    the batches of 1 thread, so its draws do not depend on the thread count."""
+    import transformer.search as search
+    sources = [torch.randint(4, 50, (n,)).tolist() + [EOS_ID]
+               for n in torch.randint(1, 9, (30,), generator=torch.Generator().manual_seed(0))]
+    max_tokens = 90  # 3 batches of at most 90 padded positions: 2 at once
+    sizes = []  # sentences per batch searched
+
+    def counted(searcher):
+        def run(model, src, *args, **kwargs):
+            sizes.append(src.shape[0])
+            return searcher(model, src, *args, **kwargs)
+        return run
+
+    for name in ("beam_search", "sample_search"):
+        monkeypatch.setattr(search, name, counted(getattr(search, name)))
+    one = search_corpus(model, sources, request_, max_tokens=max_tokens)
+    one_sizes, sizes[:] = list(sizes), []
+    torch.set_num_threads(2)
+    two = search_corpus(model, sources, request_, max_tokens=max_tokens)
+    assert len(one_sizes) == 3 and sum(sizes) == len(sources)
+    assert len(sizes) == (3 if request_.sampling else 2)
+    if request_.sampling:
+        assert sorted(sizes) == sorted(one_sizes)
+    assert tokens(two) == tokens(one)
+
+
 # ---- the fast search equals a plain one ---------------------------------------------------
 
 @pytest.mark.parametrize("beam_size, nbest, alpha", [(1, 1, 1.0), (5, 1, 1.0), (5, 3, 2.0)])

@@ -11,7 +11,8 @@ BOS prepended to the target input).
 - `shard`: every rank gets the same number of batches, each example used once.
 
 Translation packs its length-sorted sentences with `pack` too (`sorted_batches`, for
-`search.search_corpus`, scoring and alignments), and `pad_rows` makes its padded tensors.
+`search.search_corpus`, scoring and alignments; `even_rounds` when threads search batches
+side by side), and `pad_rows` makes its padded tensors.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["pack", "sorted_batches", "pad_rows", "shard", "train_batches", "eval_batches",
-           "padding_ratio"]
+__all__ = ["pack", "sorted_batches", "even_rounds", "pad_rows", "shard", "train_batches",
+           "eval_batches", "padding_ratio"]
 
 Lengths = Sequence[int]  # a numpy array or a list: pieces per sentence
 
@@ -64,6 +65,38 @@ def sorted_batches(indices: Sequence[int], sizes: Sequence[int], max_tokens: int
     return [batch.tolist() for batch in pack(order, sizes, max_tokens, max_examples)]
 
 
+def even_rounds(batches: list[list[int]], sizes: Sequence[int], max_tokens: int,
+                parallel: int, max_examples: int | None = None) -> list[list[int]]:
+    """`sorted_batches`' batches packed again for `parallel` threads that search one batch each
+    at a time. When their number n is not a multiple of `parallel`, the last round leaves
+    threads idle while the others search the last batches (for a few batches, most of the
+    last thread's time): the same sentences, in the same order, are then packed into m =
+    `parallel` x (n // `parallel`) batches, by the smallest budget per batch that gives at
+    most m (at most n / m x `max_tokens`: the n batches' tokens in all; and at most
+    `max_examples` sentences; if that gives fewer, the largest halved until the number is a
+    multiple of `parallel`): the largest batch as small as m batches allow. Fewer, larger
+    batches rather than more, smaller ones: a decoding step's fixed cost is paid per batch
+    (docs/RESULTS.md, "Engines on every CPU"). Unchanged when n <= `parallel`, or when no
+    budget within n / m x `max_tokens` gives m."""
+    n = len(batches)
+    if parallel <= 1 or n <= parallel or n % parallel == 0:
+        return batches
+    m = n // parallel * parallel
+    order = [i for batch in batches for i in batch]  # longest first, as packed
+    low, high, best = max_tokens + 1, max_tokens * n // m, None
+    while low <= high:  # the smallest budget that packs the sentences into m batches
+        budget = (low + high) // 2
+        packed = pack(order, sizes, budget, max_examples)
+        if len(packed) <= m:
+            best, high = packed, budget - 1
+        else:
+            low = budget + 1
+    if best is None:
+        return batches
+    # fewer than m at that budget: halving the largest stays within it
+    return [batch.tolist() for batch in _halved_to_multiple(best, parallel)]
+
+
 def pad_rows(rows: Sequence[Sequence[int]], pad_value: int,
              device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
     """Id lists -> (batch, longest) long tensor padded with `pad_value`, and the lengths
@@ -80,17 +113,26 @@ def shard(batches: list[np.ndarray], rank: int, world_size: int) -> list[np.ndar
     gets the same number of batches and every sentence is still used exactly once."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    halved = _halved_to_multiple(batches, world_size)
+    if halved is None:
+        raise ValueError(
+            f"cannot give {world_size} ranks the same number of batches: only "
+            f"{sum(map(len, batches))} sentences"
+        )
+    return halved[rank::world_size]
+
+
+def _halved_to_multiple(batches: Sequence, k: int) -> list | None:
+    """`batches` with the one of the most sentences halved, again and again, until their
+    number is a multiple of `k`; None when that would halve a single sentence."""
     batches = list(batches)
-    while len(batches) % world_size:
-        j = max(range(len(batches)), key=lambda k: len(batches[k]))
+    while len(batches) % k:
+        j = max(range(len(batches)), key=lambda i: len(batches[i]))
         if len(batches[j]) < 2:
-            raise ValueError(
-                f"cannot give {world_size} ranks the same number of batches: only "
-                f"{sum(map(len, batches))} sentences"
-            )
+            return None
         half = len(batches[j]) // 2
         batches[j : j + 1] = [batches[j][:half], batches[j][half:]]
-    return batches[rank::world_size]
+    return batches
 
 
 def train_batches(

@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from .batching import pad_rows, sorted_batches
+from .batching import even_rounds, pad_rows, sorted_batches
 from .blocks import LayerCache
 from .config import DecodingSettings
 from .decoding import DecodingRequest, Sampling
@@ -426,13 +426,15 @@ def search_corpus(model: Transformer, sources: Sequence[Sequence[int]],
     parallel = torch.get_num_threads() if device.type == "cpu" else 1
     return decode_batches(sources, search, nbest=request.nbest, max_tokens=max_tokens,
                           max_sentences=max(1, MAX_ROWS // request.beam_size),
-                          parallel=parallel, on_progress=on_progress)
+                          parallel=parallel, balanced=request.sampling is None,
+                          on_progress=on_progress)
 
 
 def decode_batches(sources: Sequence[Sequence[int]],
                    search: Callable[[list[int]], list[list[Hypothesis]]], *,
                    nbest: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS,
                    max_sentences: int | None = None, parallel: int = 1,
+                   balanced: bool = False,
                    on_progress: Callable[[int], None] | None = None
                    ) -> list[list[Hypothesis]]:
     """Run `search` (a batch, as indices into `sources` -> n-best lists) over many
@@ -445,12 +447,18 @@ def decode_batches(sources: Sequence[Sequence[int]],
     `parallel` > 1 (CPU threads): when there are at least that many batches, that many
     batches are searched at once, each on its own thread with single-threaded operators,
     as CTranslate2's `inter_threads` does: decoding runs many small operators, which gain
-    little from being split over threads (docs/RESULTS.md, "Decoding: our engine's speed")."""
+    little from being split over threads (docs/RESULTS.md, "Decoding: our engine's speed").
+    `balanced`: the batches packed again so that the threads end together
+    (`batching.even_rounds`); they then depend on `parallel`, so sampling, whose draws
+    depend on the batches and must not depend on the threads, leaves it off."""
     results = [[Hypothesis([], 0.0, 0.0)] * nbest for _ in sources]
     todo = [i for i, ids in enumerate(sources) if ids]
     if on_progress is not None and len(todo) < len(sources):
         on_progress(len(sources) - len(todo))
-    batches = sorted_batches(todo, [len(ids) for ids in sources], max_tokens, max_sentences)
+    sizes = [len(ids) for ids in sources]
+    batches = sorted_batches(todo, sizes, max_tokens, max_sentences)
+    if balanced:
+        batches = even_rounds(batches, sizes, max_tokens, parallel, max_sentences)
     for batch, found in _each_searched(batches, search, parallel):
         for i, sentence_hyps in zip(batch, found, strict=True):
             results[i] = sentence_hyps
