@@ -133,17 +133,17 @@ def test_batched_equals_one_at_a_time(model):
         assert single[0][0].score == pytest.approx(batched[i][0].score, rel=1e-5, abs=1e-5)
 
 
-@pytest.mark.parametrize("request_", [DecodingRequest(beam_size=4),
-                                      DecodingRequest(beam_size=1,
-                                                      sampling=Sampling(topk=10, seed=1))])
-def test_search_corpus_batches_at_most_max_rows(model, monkeypatch, request_):
-    """Each batch of `search_corpus` holds at most MAX_ROWS rows (sentences x beam; one row
-    per sentence when sampling), and its results equal one batch's."""
+def thirty_sources() -> list[list[int]]:
+    """30 random sources of 1-8 ids and EOS."""
+    return [torch.randint(4, 50, (n,)).tolist() + [EOS_ID]
+            for n in torch.randint(1, 9, (30,), generator=torch.Generator().manual_seed(0))]
+
+
+def batch_sizes_searched(monkeypatch) -> list[int]:
+    """A list that each batch `search_corpus` searches from now on (by beam search or
+    sampling) appends its number of sentences to."""
     import transformer.search as search
-    sources = [torch.randint(4, 50, (n,)).tolist() + [EOS_ID]
-               for n in torch.randint(1, 9, (30,), generator=torch.Generator().manual_seed(0))]
-    whole = search_corpus(model, sources, request_, max_tokens=10_000)
-    sizes = []  # sentences per batch searched
+    sizes = []
 
     def counted(searcher):
         def run(model, src, *args, **kwargs):
@@ -153,6 +153,19 @@ def test_search_corpus_batches_at_most_max_rows(model, monkeypatch, request_):
 
     for name in ("beam_search", "sample_search"):
         monkeypatch.setattr(search, name, counted(getattr(search, name)))
+    return sizes
+
+
+@pytest.mark.parametrize("request_", [DecodingRequest(beam_size=4),
+                                      DecodingRequest(beam_size=1,
+                                                      sampling=Sampling(topk=10, seed=1))])
+def test_search_corpus_batches_at_most_max_rows(model, monkeypatch, request_):
+    """Each batch of `search_corpus` holds at most MAX_ROWS rows (sentences x beam; one row
+    per sentence when sampling), and its results equal one batch's."""
+    import transformer.search as search
+    sources = thirty_sources()
+    whole = search_corpus(model, sources, request_, max_tokens=10_000)
+    sizes = batch_sizes_searched(monkeypatch)
     monkeypatch.setattr(search, "MAX_ROWS", 24)
     capped = search_corpus(model, sources, request_, max_tokens=10_000)
     assert sum(sizes) == len(sources) and max(sizes) == 24 // request_.beam_size
@@ -398,20 +411,9 @@ def test_two_threads_search_in_full_rounds_but_sample_the_batches_of_one(model, 
     """With 2 threads, beam search's 3 packed batches become 2 (`batching.even_rounds`:
     no thread waits for another's last batch), with the outputs of 1 thread; sampling keeps
     the batches of 1 thread, so its draws do not depend on the thread count."""
-    import transformer.search as search
-    sources = [torch.randint(4, 50, (n,)).tolist() + [EOS_ID]
-               for n in torch.randint(1, 9, (30,), generator=torch.Generator().manual_seed(0))]
+    sources = thirty_sources()
     max_tokens = 90  # 3 batches of at most 90 padded positions: 2 at once
-    sizes = []  # sentences per batch searched
-
-    def counted(searcher):
-        def run(model, src, *args, **kwargs):
-            sizes.append(src.shape[0])
-            return searcher(model, src, *args, **kwargs)
-        return run
-
-    for name in ("beam_search", "sample_search"):
-        monkeypatch.setattr(search, name, counted(getattr(search, name)))
+    sizes = batch_sizes_searched(monkeypatch)
     one = search_corpus(model, sources, request_, max_tokens=max_tokens)
     one_sizes, sizes[:] = list(sizes), []
     torch.set_num_threads(2)

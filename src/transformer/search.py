@@ -37,7 +37,8 @@ and CTranslate2 search:
 
 Sampling (`decoding.Sampling`, `sample_search`) draws each token instead (back-translation); top-k 1
 is greedy search. With `parallel` CPU threads, `decode_batches` searches that many batches
-at once, one thread each.
+at once, one thread each (beam search's batches packed in full rounds of the threads:
+`batching.even_rounds`).
 """
 
 from __future__ import annotations
