@@ -67,23 +67,24 @@ def sorted_batches(indices: Sequence[int], sizes: Sequence[int], max_tokens: int
 
 def even_rounds(batches: list[list[int]], sizes: Sequence[int], max_tokens: int,
                 parallel: int, max_examples: int | None = None) -> list[list[int]]:
-    """`sorted_batches`' batches packed again for `parallel` threads that search one batch each
-    at a time. When their number n is not a multiple of `parallel`, the last round leaves
-    threads idle while the others search the last batches (for a few batches, most of the
-    last thread's time): the same sentences, in the same order, are then packed into m =
-    `parallel` x (n // `parallel`) batches, by the smallest budget per batch that gives at
-    most m (at most n / m x `max_tokens`: the n batches' tokens in all; and at most
-    `max_examples` sentences; if that gives fewer, the largest halved until the number is a
-    multiple of `parallel`): the largest batch as small as m batches allow. Fewer, larger
-    batches rather than more, smaller ones: a decoding step's fixed cost is paid per batch
-    (docs/RESULTS.md, "Engines on every CPU"). Unchanged when n <= `parallel`, or when no
-    budget within n / m x `max_tokens` gives m."""
+    """`sorted_batches`' n batches packed again for `parallel` threads that search one batch
+    each at a time, so that the threads end together: the same sentences, in the same order,
+    in m = `parallel` x (n // `parallel`) batches, by the smallest budget per batch that
+    gives at most m (and at most n / m x `max_tokens`: the n batches' tokens in all; at most
+    `max_examples` sentences); where that gives fewer, the largest are halved until their
+    number is a multiple of `parallel`. The largest batch is then as small as m batches
+    allow. When n is not a multiple of `parallel`, fewer and larger batches: a last round
+    of fewer batches than threads would leave threads idle, and more, smaller batches would
+    pay a decoding step's fixed cost more often (docs/RESULTS.md, "Engines on every CPU");
+    when it is, the same number, of even size (a small last batch would leave its round
+    to one thread). Unchanged for one thread, fewer batches than threads, or when no budget
+    within the bounds gives m."""
     n = len(batches)
-    if parallel <= 1 or n <= parallel or n % parallel == 0:
+    if parallel <= 1 or n < parallel:
         return batches
     m = n // parallel * parallel
     order = [i for batch in batches for i in batch]  # longest first, as packed
-    low, high, best = max_tokens + 1, max_tokens * n // m, None
+    low, high, best = 1, max_tokens * n // m, None
     while low <= high:  # the smallest budget that packs the sentences into m batches
         budget = (low + high) // 2
         packed = pack(order, sizes, budget, max_examples)
