@@ -83,7 +83,8 @@ def even_rounds(batches: list[list[int]], sizes: Sequence[int], max_tokens: int,
     if parallel <= 1 or n < parallel:
         return batches
     m = n // parallel * parallel
-    order = [i for batch in batches for i in batch]  # longest first, as packed
+    order = np.array([i for batch in batches for i in batch])  # longest first, as packed
+    sizes = np.asarray(sizes)  # once, for every `pack` below
     low, high, best = 1, max_tokens * n // m, None
     while low <= high:  # the smallest budget that packs the sentences into m batches
         budget = (low + high) // 2
