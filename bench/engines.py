@@ -151,15 +151,24 @@ def hold_to_isa(isa: str | None) -> None:
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **limits})
 
 
+# /proc/cpuinfo's flags that choose PyTorch's, oneDNN's, FBGEMM's and CTranslate2's kernels
+KERNEL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
+
+
 def cpu_description() -> str:
-    """The CPU's name (/proc/cpuinfo's "model name", else `platform.processor()`) and what
-    PyTorch's CPU kernels use on it: its capability (e.g. AVX512) and native bf16
+    """The CPU's name (/proc/cpuinfo's "model name", else `platform.processor()`), its
+    family, model and the instruction sets of `KERNEL_FLAGS` it has, and what PyTorch's CPU
+    kernels use on it: its capability (e.g. AVX512) and native bf16
     (`runtime.cpu_has_native_bf16`, the probe `precision: auto` decides by), and the
     libraries our engine multiplies with there (`ops.FLOAT32_LIBRARY`, `ops.INT8_ONEDNN`)."""
     # imported here: a baseline row's process imports this file with an older package
     from transformer.ops import FLOAT32_LIBRARY, INT8_ONEDNN, cpu_has_amx, cpu_info
 
     name = cpu_info("model name") or platform.processor() or "unknown CPU"
+    if cpu_info("cpu family") is not None:  # a VM's generic name ("AMD EPYC") says little
+        flags = set((cpu_info("flags") or "").split())
+        isa = " ".join(flag for flag in KERNEL_FLAGS if flag in flags) or "no AVX2"
+        name += f" (family {cpu_info('cpu family')}, model {cpu_info('model')}; {isa})"
     limits = [f"{key}={os.environ[key]}" for key in ISA_VARIABLES if key in os.environ]
     int8 = "FBGEMM" if not INT8_ONEDNN else "oneDNN (AMX)" if cpu_has_amx() else "oneDNN"
     return (f"CPU: {name}; torch CPU capability {torch.backends.cpu.get_cpu_capability()}, "

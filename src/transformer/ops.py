@@ -62,15 +62,19 @@ class Linear(nn.Linear):
         return linear(x, self.weight, self.bias)
 
 
-def cpu_info(field: str) -> str | None:
-    """A field of the first processor in Linux's /proc/cpuinfo ("vendor_id", "model name"),
-    None where that cannot be read."""
+def cpu_info(field: str, path: str = "/proc/cpuinfo") -> str | None:
+    """A field of the first processor in Linux's /proc/cpuinfo ("vendor_id", "model name",
+    "model", "flags"), matched by its whole name ("model" is not "model name"); None where
+    that cannot be read."""
     try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f
-                         if line.startswith(field)), None)
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == field:
+                    return value.strip()
     except OSError:
-        return None
+        pass
+    return None
 
 
 def cpu_vendor() -> str | None:
