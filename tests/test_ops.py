@@ -50,11 +50,11 @@ def test_the_float32_library_follows_the_cpus_vendor(vendor, library, monkeypatc
 
 def test_cpu_info_reads_the_first_processors_field_by_its_whole_name(tmp_path):
     """/proc/cpuinfo lists "model" before "model name": each is found by its own name, in
-    the first processor's block; a missing field or file is None."""
+    the first processor's block only; a missing field or file is None."""
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n"
                        "model\t\t: 17\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu avx2\n\n"
-                       "processor\t: 1\nmodel\t\t: 99\n")
+                       "processor\t: 1\nmodel\t\t: 99\nmicrocode\t: 0xa101\n")
     read = lambda field: ops.cpu_info(field, str(cpuinfo))
     assert (read("model"), read("model name"), read("cpu family")) == ("17", "AMD EPYC 9R14", "25")
     assert read("flags").split() == ["fpu", "avx2"] and read("vendor_id") == "AuthenticAMD"

@@ -29,6 +29,7 @@ Both use PyTorch's random generator and plain tensor ops, so seeds and devices b
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 from collections.abc import Iterable
 from typing import TypeVar
@@ -66,15 +67,24 @@ def cpu_info(field: str, path: str = "/proc/cpuinfo") -> str | None:
     """A field of the first processor in Linux's /proc/cpuinfo ("vendor_id", "model name",
     "model", "flags"), matched by its whole name ("model" is not "model name"); None where
     that cannot be read."""
+    return _first_processor(path).get(field)
+
+
+@functools.cache
+def _first_processor(path: str) -> dict[str, str]:
+    """The fields of the first processor's block of a cpuinfo file, read once per process
+    (the CPU does not change while it runs); empty where the file cannot be read."""
+    fields = {}
     try:
         with open(path) as f:
             for line in f:
+                if not line.strip():  # the first block ends
+                    break
                 key, _, value = line.partition(":")
-                if key.strip() == field:
-                    return value.strip()
+                fields[key.strip()] = value.strip()
     except OSError:
         pass
-    return None
+    return fields
 
 
 def cpu_vendor() -> str | None:
