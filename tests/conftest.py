@@ -34,6 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 MULTI30K_SLICE = REPO / "tests" / "data" / "multi30k"
 SHARED_MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 FULL_LANGS = ("en", "de", "fr")  # what the full-corpus tests read, raw and tokenized
+# The target tokens of one epoch of Multi30k's training set (EOS included) under the recipe's
+# 8,000-piece joint SentencePiece model: what the Multi30k preset's budgets make epochs of
+# (checked against the whole corpus by tests/test_schedule.py where it is at hand).
+MULTI30K_EPOCH_TOKENS = 471_603
 XDIST_WORKER = "PYTEST_XDIST_WORKER"  # set in the worker processes of `pytest -n N`
 
 

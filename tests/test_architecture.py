@@ -27,7 +27,7 @@ LAYERS = [
     {"blocks", "store"},
     {"model", "mixture"},
     {"config"},
-    {"checkpoint", "run_tokenizers", "optimizer", "schedule", "decoding"},
+    {"checkpoint", "run_tokenizers", "optimizer", "schedule", "decoding", "config_docs"},
     {"data", "search", "loss", "attention_maps", "alignment", "vocab_map"},
     {"translator"},
     {"heads", "evaluation", "export", "hf", "serve", "workflows"},

@@ -136,7 +136,7 @@ def test_average_checkpoints_script_keeps_the_first_ones_settings(tmp_path,
     assert ckpt.stored_decoding(averaged) == DecodingSettings(alpha=1.5, beam_size=3)
     assert ckpt.stored_training_config(averaged) == run_config
     assert set(averaged) == {"format_version", "model", "model_config", "tokenizer", "config",
-                             "decoding", "averaged_from"}  # no training state
+                             "decoding", "run_id", "averaged_from"}  # no training state
     ckpt.model_from_checkpoint(averaged, out)  # loadable for translation
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 
 import pytest
+from conftest import MULTI30K_EPOCH_TOKENS  # tests/conftest.py
 from omegaconf import OmegaConf
 
 from transformer import cli
@@ -31,7 +32,7 @@ def test_default_is_wu_et_als_recipe_fitted_to_its_budget_with_automatic_precisi
     cfg, paper = compose_config(), compose_config(["experiment=multi30k_paper"])
     assert isinstance(cfg, TrainConfig) and cfg.data.name == "multi30k"
     assert (cfg.data.max_tokens, cfg.model.dropout, cfg.optim.lr) == (None, None, None)
-    at_their_budget = fit_to_budget(cfg, budget_settings(Budget.of(cfg)))
+    at_their_budget = fit_to_budget(cfg, budget_settings(Budget.of(cfg), MULTI30K_EPOCH_TOKENS))
     assert (at_their_budget.model, at_their_budget.data, cfg.seed) == (
         paper.model, paper.data, paper.seed)
     assert at_their_budget.optim == replace(paper.optim, cooldown=0.2)
@@ -58,17 +59,17 @@ def test_paper_experiment_is_wu_et_al_as_published():
 
 
 @pytest.mark.parametrize("name, dims", [
-    ("tiny", (128, 256, 4, 4, 4, 0.3)),
-    ("small", (256, 1024, 4, 3, 3, 0.1)),
-    ("base", (512, 2048, 8, 6, 6, 0.1)),
-    ("big", (1024, 4096, 16, 6, 6, 0.3)),
+    ("tiny", (128, 256, 4, 4, 4, None)),  # the dropout: left to the budget
+    ("small", (256, 1024, 4, 3, 3, None)),
+    ("base", (512, 2048, 8, 6, 6, None)),
+    ("big", (1024, 4096, 16, 6, 6, None)),
 ])
 def test_model_presets(name, dims):
     m = compose_config([f"model={name}", "~experiment"]).model  # the preset, not the recipe's
     assert m.name == name
     assert (m.num_hiddens, m.ffn_num_hiddens, m.num_heads, m.num_encoder_layers,
             m.num_decoder_layers, m.dropout) == dims
-    config = m.to_model_config(1000, 1000, share_embeddings=True)
+    config = replace(m, dropout=0.1).to_model_config(1000, 1000, share_embeddings=True)
     assert config.num_hiddens == dims[0] and config.src_vocab_size == 1000
 
 
@@ -94,7 +95,7 @@ def test_model_schema_is_the_models_own_hyperparameters():
     for path in sorted((CONFIG_DIR / "model").glob("*.yaml")):
         keys = list(OmegaConf.load(path).keys())
         assert keys[0] == "name" and set(keys[1:]) <= set(architecture), path
-    config = ModelSettings(num_hiddens=64, norm_first=True).to_model_config(
+    config = ModelSettings(num_hiddens=64, norm_first=True, dropout=0.1).to_model_config(
         100, 100, share_embeddings=False)
     assert config == ModelConfig(num_hiddens=64, norm_first=True, src_vocab_size=100,
                                  tgt_vocab_size=100, share_embeddings=False)
@@ -131,7 +132,7 @@ def test_bad_values_fail_naming_the_key(override, message):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("model=unknown", "model/unknown"),  # Hydra lists the available options
+    ("model=unknown", "model=unknown is not a preset"),  # with the presets listed
     ("optim.lrr=1", "optim.lrr"),  # typo: not in the schema
     ("optim.lr=abc", "optim.lr"),  # wrong type
     ("trainer.max_updates=1.5", "trainer.max_updates"),
@@ -177,14 +178,21 @@ FILES = ["data=files", "data.train_src=a.en", "data.train_tgt=a.de", "data.valid
          "data.valid_tgt=v.de"]
 
 
-def test_data_files_does_not_take_the_multi30k_schedule():
-    """With data=files and no experiment named, the general defaults apply
-    (configs/experiment/files.yaml), not the Multi30k recipe's schedule."""
-    cfg = compose_config(FILES + ["trainer.max_updates=3"])
-    assert cfg.optim.cooldown_updates == 0 and cfg.trainer.max_updates == 3
-    assert cfg.optim.lr == OptimConfig().lr and cfg.optim.warmup_updates == 4000
-    recipe = compose_config()  # data=multi30k keeps its recipe (lr chosen by the budget)
-    assert (recipe.optim.lr, recipe.optim.warmup_updates) == (None, 2000)
+def test_data_files_takes_the_recipe_fitted_to_its_corpus():
+    """With data=files and no experiment named (configs/experiment/files.yaml), the recipe's
+    schedule and the settings the corpus and the budget choose (null here), without
+    Multi30k's budget or vocabulary: no limit (the trainer's default budget) and a null
+    vocabulary size (chosen by the corpus)."""
+    cfg, recipe = compose_config(FILES), compose_config()
+    assert cfg.optim == recipe.optim and cfg.optim == OptimConfig()
+    assert (cfg.optim.lr, cfg.optim.warmup_updates, cfg.optim.cooldown) == (None, 2000, 0.2)
+    assert (cfg.data.max_tokens, cfg.model.dropout, cfg.data.vocab_size) == (None,) * 3
+    assert recipe.data.vocab_size == 8000
+    t = cfg.trainer
+    assert (t.max_updates, t.max_target_tokens, t.max_time, t.max_epochs) == (None,) * 4
+    assert (t.validate_every_updates, t.validate_after_budget, t.keep_last) == (
+        recipe.trainer.validate_every_updates, recipe.trainer.validate_after_budget,
+        recipe.trainer.keep_last)
 
 
 def test_large_experiment_counts_in_updates():

@@ -110,7 +110,7 @@ def two_corpora(tmp_path, multi30k_dir) -> list[str]:
             "model.num_hiddens=32", "model.ffn_num_hiddens=64", "model.num_encoder_layers=1",
             "model.num_decoder_layers=1", "model.num_heads=2", "model.dropout=0.3",
             "optim.lr=0.002", "optim.warmup_updates=4", "optim.update_freq=2",
-            "optim.cooldown=0", "optim.warmup_fraction=null",
+            "optim.cooldown=0", "optim.warmup_fraction=null", "trainer.max_time=null",
             "trainer.bleu_max_sentences=8", "trainer.log_every_updates=1",
             "trainer.keep_last=1", "trainer.precision=fp32", "trainer.validate_every_updates=4",
             "trainer.validate_every_epoch=false"]

@@ -100,7 +100,8 @@ def files_config(tmp_path: Path, spm_model: Path, **overrides) -> DataConfig:
 def test_config_defaults_are_multi30k_en_de():
     cfg = DataConfig()
     assert (cfg.name, cfg.src_lang, cfg.tgt_lang) == ("multi30k", "en", "de")
-    assert (cfg.vocab_size, cfg.spm_model_type, cfg.joint_vocab) == (8000, "unigram", True)
+    assert (cfg.vocab_size, cfg.spm_model_type, cfg.joint_vocab) == (None, "unigram", True)
+    assert cfg.max_tokens is None  # both chosen when a run starts: by the corpus, the budget
 
 
 @pytest.mark.parametrize(

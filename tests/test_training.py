@@ -52,6 +52,7 @@ def small(multi30k_dir, spm_model) -> list[str]:
         "model.num_decoder_layers=2", "model.dropout=0.3",
         "optim.lr=0.002", "optim.warmup_updates=10", "optim.cooldown_updates=0",
         "optim.cooldown=0", "optim.warmup_fraction=null", "trainer.validate_after_budget=0",
+        "trainer.max_time=null",
         "trainer.bleu_max_sentences=16", "trainer.log_every_updates=1", "trainer.keep_last=2",
         "trainer.precision=fp32", "trainer.validate_every_updates=0",
         "trainer.validate_after_updates=0",

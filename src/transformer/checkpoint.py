@@ -11,14 +11,17 @@ A checkpoint is a dict of tensors and plain Python values only, loaded with
                     protos (bytes), or with an id table {spm, pieces, specials}
     config          TrainConfig.to_dict() of the run that trained it, or None
     decoding        DecodingSettings fields chosen for it (tune-decoding), if any
+    run_id          the training run it comes from (a random hex string, kept on resume
+                    and by averaging, tuning and pruning), or None (imported, or older)
     ...             where it came from (averaged_from, pruned_from, ...), and in training
                     checkpoints the state to resume (optimizer, counters, RNG states)
 
 `inference_checkpoint` builds the common part, for every writer: training, averaging,
-tuning, pruning. `stored_training_config` and `stored_decoding` read it back, typed.
-`average_weights` averages several checkpoints' parameters (read by `Translator.load`);
-`average_checkpoints` turns that into an inference checkpoint (written by
-`transformer average-checkpoints`).
+tuning, pruning. `stored_training_config`, `stored_decoding` and `stored_run_id` read it
+back, typed. `average_weights` averages several checkpoints' parameters (read by
+`Translator.load`), of one training run only (`check_averageable`): the weights of
+independent runs do not line up, and their mean translates badly; `average_checkpoints`
+turns that into an inference checkpoint (written by `transformer average-checkpoints`).
 
 A training run keeps, in `run_dir/checkpoints/`: `checkpoint_last.pt` (resume from here),
 `checkpoint_best.pt` (best validation BLEU) and the last K `checkpoint_<updates>.pt`
@@ -34,6 +37,7 @@ import pickle
 import random
 import re
 import shutil
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Union
@@ -54,8 +58,9 @@ PathLike = Union[str, "os.PathLike[str]"]
 __all__ = ["save_checkpoint", "resolve_checkpoint", "load_init_checkpoint", "load_checkpoint",
            "check_model_config", "model_from_checkpoint",
            "tokenizers_to_state", "tokenizers_from_state", "check_tokenizers",
-           "stored_training_config", "stored_decoding", "inference_checkpoint",
-           "average_weights", "average_checkpoints", "LAST", "BEST",
+           "stored_training_config", "stored_decoding", "stored_run_id", "run_id_for",
+           "inference_checkpoint", "check_averageable", "average_weights",
+           "average_checkpoints", "LAST", "BEST",
            "numbered_checkpoint_path", "numbered_checkpoints", "prune_checkpoints",
            "copy_checkpoint", "rng_state", "set_rng_state"]
 
@@ -259,51 +264,112 @@ def stored_decoding(state: dict, path: PathLike = "checkpoint") -> DecodingSetti
         raise CheckpointError(f"{path} has invalid decoding settings: {e}") from e
 
 
+def stored_run_id(state: dict) -> str | None:
+    """The training run a checkpoint comes from (`run_id`), or None: an imported model, or a
+    checkpoint written before runs had ids."""
+    run_id = state.get("run_id")
+    return run_id if isinstance(run_id, str) and run_id else None
+
+
+def run_id_for(resumed: dict | None) -> str:
+    """The run id of a training run: that of the checkpoint it resumes from (`resumed`), so
+    that all of a run's checkpoints share it; a new random one for a new run (or one
+    resumed from a checkpoint without an id)."""
+    return (None if resumed is None else stored_run_id(resumed)) or uuid.uuid4().hex
+
+
 def inference_checkpoint(model: Transformer, tokenizers: TokenizerPair, *,
                          training_config: TrainConfig | None,
                          decoding: DecodingSettings | None = None,
+                         run_id: str | None = None,
                          **provenance: Any) -> dict[str, Any]:
     """A checkpoint that translates, as every writer builds it: the model's weights and
     config (pruned heads included), its tokenizers, the training config of its run (the
     language pair and data, which the evaluation tools read), the decoding settings chosen
-    for it (None: the defaults) and `provenance`, plain values saying where it came from
-    (e.g. `averaged_from=[...]`). A training checkpoint adds its resume state to this."""
+    for it (None: the defaults), the id of the training run its weights come from (None:
+    unknown, e.g. an imported model; what `check_averageable` compares) and `provenance`,
+    plain values saying where it came from (e.g. `averaged_from=[...]`). A training
+    checkpoint adds its resume state to this."""
     state = {"model": model.state_dict(), "model_config": model.config.to_dict(),
              "tokenizer": tokenizers_to_state(tokenizers),
-             "config": None if training_config is None else training_config.to_dict()}
+             "config": None if training_config is None else training_config.to_dict(),
+             "run_id": run_id}
     if decoding is not None:
         state["decoding"] = dataclasses.asdict(decoding)
     return {**state, **provenance}
 
 
+def _averaging_conflict(a: dict, b: dict) -> str | None:
+    """Why the checkpoints `a` and `b` cannot be averaged, or None: their model configs
+    (vocabulary sizes included), their tokenizers (the stored SentencePiece models and id
+    tables, side by side) or their run ids (where both have one) differ."""
+    config_a, config_b = a["model_config"], b["model_config"]
+    keys = [k for k in {**config_a, **config_b} if config_a.get(k) != config_b.get(k)]
+    if keys:
+        return f"their model configs differ ({', '.join(keys)})"
+    stored_a, stored_b = a.get("tokenizer") or {}, b.get("tokenizer") or {}
+    sides = [side for side in ("src", "tgt") if stored_a.get(side) != stored_b.get(side)]
+    if sides:
+        return f"their tokenizers differ ({' and '.join(sides)})"
+    run_a, run_b = stored_run_id(a), stored_run_id(b)
+    if run_a and run_b and run_a != run_b:
+        return f"they come from different training runs (run_id {run_a} and {run_b})"
+    return None
+
+
+def check_averageable(state: dict, path: PathLike, other: dict, other_path: PathLike) -> None:
+    """Raise CheckpointError, one line naming both files, unless the checkpoints `state`
+    and `other` may be averaged: the same model config and tokenizers, and the same run id
+    where both have one (checkpoints without one, written before runs had ids, are compared
+    by the rest). Averaging is for the checkpoints of one run: independent runs learn
+    different, unaligned weights, and their mean translates badly."""
+    reason = _averaging_conflict(state, other)
+    if reason is not None:
+        raise CheckpointError(
+            f"cannot average {other_path} with {path}: {reason}. Averaging is for checkpoints "
+            f"of one training run; combining independently trained models is ensembling, "
+            f"which this package does not do yet")
+
+
 def average_weights(paths: Sequence[PathLike]) -> dict[str, Any]:
     """The first checkpoint's state with its parameters replaced by their mean over all of
-    `paths` (summed in float64, then cast back), and `averaged_from`: what `Translator.load`
-    reads when given several checkpoints."""
+    `paths` (summed in float64, then cast back), `averaged_from` and the run id they share:
+    what `Translator.load` reads when given several checkpoints. Checkpoints of different
+    runs, tokenizers or models are refused (`check_averageable`)."""
     if not paths:
         raise ValueError("averaging needs at least one checkpoint")
     first = load_checkpoint(paths[0])
     total = {k: v.double() if v.is_floating_point() else v.clone()
              for k, v in first["model"].items()}
+    reference, reference_path = _identity(first), paths[0]  # the first with a run id, if any
     for path in paths[1:]:
         state = load_checkpoint(path)
-        if state["model_config"] != first["model_config"]:
-            raise CheckpointError(f"{path} has a different model config than {paths[0]}")
+        check_averageable(reference, reference_path, state, path)
+        if stored_run_id(reference) is None and stored_run_id(state) is not None:
+            reference, reference_path = _identity(state), path
         for k, v in state["model"].items():
             if total[k].is_floating_point():
                 total[k] += v.double()
     weights = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v
                for k, v in total.items()}
-    return {**first, "model": weights, "averaged_from": [str(p) for p in paths]}
+    return {**first, "model": weights, "averaged_from": [str(p) for p in paths],
+            "run_id": stored_run_id(reference)}
+
+
+def _identity(state: dict) -> dict[str, Any]:
+    """What `check_averageable` compares of a checkpoint, without its weights."""
+    return {key: state.get(key) for key in ("model_config", "tokenizer", "run_id")}
 
 
 def average_checkpoints(paths: Sequence[PathLike]) -> dict[str, Any]:
-    """The inference checkpoint of `average_weights(paths)`: the first one's tokenizer,
-    training config and decoding settings, and `averaged_from`. The training state
-    (optimizer, counters) is dropped: it is for translation, not for resuming."""
+    """The inference checkpoint of `average_weights(paths)`: their tokenizer and run id,
+    the first one's training config and decoding settings, and `averaged_from`. The
+    training state (optimizer, counters) is dropped: it is for translation, not for
+    resuming."""
     state = average_weights(paths)
     return inference_checkpoint(model_from_checkpoint(state, paths[0]),
                                 tokenizers_from_state(state, paths[0]),
                                 training_config=stored_training_config(state, paths[0]),
                                 decoding=stored_decoding(state, paths[0]),
+                                run_id=stored_run_id(state),
                                 averaged_from=state["averaged_from"])

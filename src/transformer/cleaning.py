@@ -49,8 +49,11 @@ of French or Czech lines on the German side and 99.5% of targets holding a secon
 (a length ratio alone catches half of those: two short sentences look like one long one).
 
 Cleaning happens once, when a training corpus's store is built; its counts are reported
-per corpus (`format_cleaning_table`). Validation and test sets are never cleaned: they are
-scored as given.
+per corpus (`format_cleaning_table`): the pairs read, each removed pair under the one
+reason that removed it (`empty` also takes the pairs with an empty side under `none`;
+`max_len`, the pairs longer than `data.max_len`), the pairs kept. Validation and test sets
+are never cleaned: they are scored as given (a side longer than `data.max_len` read cut to
+it).
 """
 
 from __future__ import annotations

@@ -5,15 +5,21 @@ Hydra composes `configs/config.yaml` (package data, `CONFIG_DIR`; `--config-dir 
 user's own directory, searched after it, so its presets take new names) with one option per
 group (`model/`, `data/`, `optim/`, `trainer/`, `experiment/`) onto `TrainConfig`,
 registered in Hydra's ConfigStore as `train_schema`. So a misspelled key or a value of the
-wrong type fails while composing, with the key named, and `load_config` turns the result
-into dataclasses whose `validate()` checks value ranges (`ConfigError: optim.lr must be > 0,
-got -1.0`) before anything is trained. A checkpoint stores its run's config as plain values
+wrong type fails while composing, with the key named (and for a misspelled key the closest
+real one: `unknown_key_error`), and `load_config` turns the result into dataclasses whose
+`validate()` checks value ranges (`ConfigError: optim.lr must be > 0 or null, got -1.0`)
+before anything is trained. A checkpoint stores its run's config as plain values
 (`TrainConfig.to_dict`), read back once at load by `TrainConfig.from_dict`.
+
+Each field is documented by its attribute docstring, the string on the line after it: the
+one text of what the key means, which `config_docs` reads for `transformer train --help`
+and the configuration reference of docs/USAGE.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 import typing
@@ -33,8 +39,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ModelSettings", "CorpusConfig", "EvalSetConfig", "DataConfig", "lang_tag",
            "OptimConfig", "TrainerConfig", "TrainConfig", "DecodingSettings", "load_config",
-           "compose_config", "register_configs",
-           "override_error", "CONFIG_DIR"]
+           "compose_config", "register_configs", "SchemaKey", "schema_keys",
+           "unknown_key_error", "override_error", "CONFIG_DIR"]
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # package data: config.yaml + groups
 
@@ -75,7 +81,10 @@ class ModelSettings(Hyperparameters):
     at run time (see `to_model_config`)."""
 
     name: str = "base"
-    dropout: float | None = 0.1  # null: chosen by the budget (schedule.BUDGET_SETTINGS)
+    """The preset's name (configs/model/NAME.yaml), as the training log reports it."""
+    dropout: float | None = None
+    """Dropout on the embeddings (with their positions) and on each sublayer's output before
+    its residual connection; null: chosen by the budget (`schedule.DROPOUT_ROWS`)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -130,15 +139,27 @@ class CorpusConfig:
     """One training corpus of `data.corpora`: its files, its share of every epoch, its tag
     and its cleaning. Languages left null are the data group's (`data.src_lang`/`tgt_lang`)."""
 
-    name: str = ""  # required: names the corpus in logs, reports and errors
-    src: str | None = None  # required: source file, one sentence per line, plain or .gz
-    tgt: str | None = None  # required: target file, line-aligned with src
-    weight: float = 1.0  # sampling weight: its share of an epoch is weight * size^(1/T)
-    tag: str | None = None  # e.g. <bt>: a reserved piece put in front of every source
-    filters: Any = "basic"  # none | basic | strict, or a mapping of single filters
-    max_pairs: int | None = None  # use only the first N pairs (after cleaning)
+    name: str = ""
+    """Required: names the corpus in logs, reports and errors."""
+    src: str | None = None
+    """Required: the source file, one sentence per line, plain or .gz."""
+    tgt: str | None = None
+    """Required: the target file, line-aligned with src."""
+    weight: float = 1.0
+    """Sampling weight: the corpus's share of an epoch is `weight * size^(1/T)` (T:
+    data.mix_temperature), normalized over the corpora."""
+    tag: str | None = None
+    """A reserved piece, e.g. `<bt>`, put in front of every source of the corpus; null:
+    none."""
+    filters: Any = "basic"
+    """The cleaning: none, basic or strict, or a mapping of single filters."""
+    max_pairs: int | None = None
+    """Use only the first N pairs (after cleaning); null: all."""
     src_lang: str | None = None
+    """The source language; null: data.src_lang."""
     tgt_lang: str | None = None
+    """The target language (corpora into several make a multilingual model); null:
+    data.tgt_lang."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -172,10 +193,15 @@ class EvalSetConfig:
     cleaned). Languages left null are the data group's."""
 
     name: str = ""
+    """Required: names the set in logs, TensorBoard and errors."""
     src: str | None = None
+    """Required: the source file, one sentence per line, plain or .gz."""
     tgt: str | None = None
+    """Required: the reference file, line-aligned with src."""
     src_lang: str | None = None
+    """The source language; null: data.src_lang."""
     tgt_lang: str | None = None
+    """The language the set is translated into; null: data.tgt_lang."""
 
     def validate(self, group: str) -> None:
         """One line naming the set and the key (`DataConfig` calls it with its group)."""
@@ -220,37 +246,71 @@ class DataConfig:
     dropped from training. `max_tokens` bounds each batch per side, padding included.
     """
 
-    name: str = "multi30k"  # "multi30k" (named dataset) or "files" (the *_src/*_tgt keys)
-    root: str = multi30k.DEFAULT_ROOT  # Multi30k folder; missing files downloaded
+    name: str = "multi30k"
+    """The dataset: multi30k (the named dataset, in data.root) or files (the `train_*`,
+    `valid_*` and `test_*` paths)."""
+    root: str = multi30k.DEFAULT_ROOT
+    """The Multi30k folder; missing files are downloaded into it."""
     src_lang: str = "en"
+    """The source language (Multi30k: en, de, fr or cs)."""
     tgt_lang: str = "de"
+    """The target language (Multi30k: en, de, fr or cs)."""
     train_src: str | None = None
+    """data=files: the training source file, one sentence per line, plain or .gz (not with
+    data.corpora)."""
     train_tgt: str | None = None
+    """data=files: the training target file, line-aligned with train_src."""
     valid_src: str | None = None
+    """data=files: the validation source file (not with data.valid_sets)."""
     valid_tgt: str | None = None
+    """data=files: the validation reference file, line-aligned with valid_src."""
     test_src: str | None = None
+    """data=files: the test source file, optional, set with test_tgt (not with
+    data.test_sets)."""
     test_tgt: str | None = None
-    base_url: str = multi30k.URL  # Multi30k download prefix: <base_url><stem>.<lang>.gz
-    tokenized: bool = False  # Multi30k's lowercased, Moses-tokenized files
-    #                          (ROOT/tok/*.lc.norm.tok.LANG), as published results trained
-    #                          and scored on
-    vocab_size: int = 8000
-    spm_model_type: str = "unigram"  # or "bpe"
-    joint_vocab: bool = True  # one SentencePiece model for both sides
-    spm_model: str | None = None  # an existing .model to use instead of training one
+    """data=files: the test reference file, line-aligned with test_src."""
+    base_url: str = multi30k.URL
+    """The Multi30k download prefix: `<base_url><stem>.<lang>.gz`."""
+    tokenized: bool = False
+    """Multi30k's lowercased, Moses-tokenized files (`ROOT/tok/*.lc.norm.tok.LANG`), as
+    published results trained and scored on."""
+    vocab_size: int | None = None
+    """SentencePiece pieces; null: chosen by the corpus's size
+    (`run_tokenizers.vocab_size_for`)."""
+    spm_model_type: str = "unigram"
+    """The SentencePiece model type: unigram or bpe."""
+    joint_vocab: bool = True
+    """One SentencePiece model for both sides (false: one per side)."""
+    spm_model: str | None = None
+    """An existing SentencePiece .model to use instead of training one (needs
+    joint_vocab)."""
     max_len: int = 256
-    max_tokens: int | None = 4096  # per batch and side; null: chosen by the budget
+    """The longest training sequence, counting the added EOS (source) or BOS (target): pairs
+    with more than max_len - 1 pieces on either side are dropped from training."""
+    max_tokens: int | None = None
+    """Tokens per batch and side, padding included; null: chosen by the budget."""
     seed: int = 1
-    max_train_pairs: int | None = None  # use only the first N training pairs (smoke runs)
-    spm_max_sentences: int = 500_000  # SentencePiece trains on a seeded sample of N pairs
-    cache_dir: str | None = None  # where the encoded stores go; null: <run dir>/cache
-    # Several training corpora (replacing the train split of multi30k / files), mixed by
-    # weight; see `CorpusConfig` and `training_corpora`.
+    """Shuffles the batches and seeds SentencePiece's training sample."""
+    max_train_pairs: int | None = None
+    """Use only the first N training pairs (smoke runs); null: all."""
+    spm_max_sentences: int = 500_000
+    """SentencePiece trains on a seeded sample of at most N pairs."""
+    cache_dir: str | None = None
+    """Where the encoded stores go; null: `<run dir>/cache`."""
     corpora: list[CorpusConfig] = field(default_factory=list)
-    filters: Any = "none"  # the cleaning of the one-corpus forms' train split
-    mix_temperature: float | None = None  # T: shares ~ weight * size^(1/T); null: weights only
-    valid_sets: list[EvalSetConfig] = field(default_factory=list)  # named; replace valid_*
-    test_sets: list[EvalSetConfig] = field(default_factory=list)  # named; replace test_*
+    """Several training corpora (each entry's keys: `data.corpora[].*`), mixed by weight,
+    replacing the train split of multi30k / files; see `CorpusConfig` and
+    `training_corpora`."""
+    filters: Any = "none"
+    """The cleaning of the one-corpus forms' train split: none, basic or strict, or a mapping
+    of single filters."""
+    mix_temperature: float | None = None
+    """T: the corpora's shares are ~ `weight * size^(1/T)`; null: the weights only."""
+    valid_sets: list[EvalSetConfig] = field(default_factory=list)
+    """Named validation sets (each entry's keys: `data.valid_sets[].*`), replacing
+    `valid_*`; their mean BLEU selects the best checkpoint."""
+    test_sets: list[EvalSetConfig] = field(default_factory=list)
+    """Named test sets (each entry's keys: `data.test_sets[].*`), replacing `test_*`."""
 
     def __post_init__(self) -> None:
         self.corpora = _entries(CorpusConfig, self.corpora, "data.corpora")
@@ -347,8 +407,8 @@ class DataConfig:
     def _validate_files(self) -> None:
         for key in ("vocab_size", "max_len", "max_tokens", "spm_max_sentences"):
             value = getattr(self, key)
-            if value is None and key == "max_tokens":
-                continue  # chosen by the budget when training starts
+            if value is None and key in ("vocab_size", "max_tokens"):
+                continue  # chosen by the corpus and the budget when training starts
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"data.{key} must be a positive integer, got {value!r}")
         if self.max_train_pairs is not None and (
@@ -408,22 +468,38 @@ class DataConfig:
 class OptimConfig:
     """The `optim` group: optimizer, learning-rate schedule, loss and gradient handling."""
 
-    name: str = "adam"  # adam | adamw
-    lr: float | None = 5e-4  # peak learning rate (reached at the end of warmup); null: chosen
-    #                          by the budget, with the warmup's share (schedule.BUDGET_SETTINGS)
+    name: str = "adam"
+    """The optimizer: adam or adamw (decoupled weight decay)."""
+    lr: float | None = None
+    """The peak learning rate, reached at the end of warmup; null: chosen by the budget, with
+    the warmup's share (`schedule.BATCH_ROWS`)."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    """Adam's decay rates of its averages of the gradient and of its square: two values in
+    [0, 1)."""
     eps: float = 1e-8
+    """Adam's epsilon, added to the denominator of each step."""
     weight_decay: float = 0.0
-    schedule: str = "inverse_sqrt"  # inverse_sqrt | constant (both after linear warmup)
-    warmup_updates: int = 4000
-    warmup_fraction: float | None = None  # the warmup takes at most this share of the
-    #                                       updates the budget allows (planned); null: none
-    cooldown: float = 0.0  # the last share of the budget (updates, tokens or time) decays
-    #                        linearly to 0 when it runs out; 0: none (schedule.py)
-    cooldown_updates: int = 0  # last N of trainer.max_updates decay linearly to ~0; 0: none
+    """Weight decay of the linear layers' weight matrices only
+    (`optimizer.decayed_parameters`); 0: none."""
+    schedule: str = "inverse_sqrt"
+    """The learning rate after the linear warmup: inverse_sqrt or constant."""
+    warmup_updates: int = 2000
+    """Updates of linear warmup from 0 to the peak learning rate."""
+    warmup_fraction: float | None = None
+    """The warmup takes at most this share of the updates the budget allows (planned); null:
+    no such bound."""
+    cooldown: float = 0.2
+    """The last share of the budget (updates, tokens or time), over which the learning rate
+    decays linearly to 0 when the budget runs out; 0: none (`schedule.py`)."""
+    cooldown_updates: int = 0
+    """The last N of trainer.max_updates decay linearly to ~0, instead of cooldown; 0:
+    none."""
     label_smoothing: float = 0.1
-    clip_norm: float = 0.0  # max gradient norm; 0: no clipping (the norm is still logged)
-    update_freq: int = 1  # batches accumulated per update
+    """Label smoothing of the cross-entropy loss, in [0, 1)."""
+    clip_norm: float = 0.0
+    """The largest gradient norm; 0: no clipping (the norm is still logged)."""
+    update_freq: int = 1
+    """Batches accumulated per update."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -464,39 +540,66 @@ class OptimConfig:
 class TrainerConfig:
     """The `trainer` group: device, precision, limits, validation, checkpoints, logging."""
 
-    device: str = "auto"  # auto (CUDA if present, else CPU) | cpu | cuda | cuda:N
-    precision: str = "auto"  # auto (bf16 on CUDA and on CPUs with native bf16, else fp32)
-    #                          | fp32 | bf16 | fp16 (CUDA, with loss scaling)
-    compile: bool = False  # torch.compile the model for training (pays off in long runs)
-    tf32: bool = True  # CUDA: float32 matrix products on TF32 tensor cores (no effect on CPU)
-    cudnn_attention: bool = True  # CUDA: let SDPA choose its cuDNN kernel (false: flash or
-    #                               memory-efficient only; cuDNN builds a graph per shape)
-    max_epochs: int | None = None  # the limits: training stops at the first one reached
+    device: str = "auto"
+    """Where to train: auto (CUDA if present, else CPU), cpu, cuda or cuda:N."""
+    precision: str = "auto"
+    """auto (bf16 on CUDA and on CPUs with native bf16, else fp32), fp32, bf16, or fp16
+    (CUDA, with loss scaling)."""
+    compile: bool = False
+    """`torch.compile` the model for training (pays off in long runs)."""
+    tf32: bool = True
+    """CUDA: float32 matrix products on TF32 tensor cores (no effect on CPU)."""
+    cudnn_attention: bool = True
+    """CUDA: let SDPA choose its cuDNN kernel (false: flash or memory-efficient only; cuDNN
+    builds a graph per shape)."""
+    max_epochs: int | None = None
+    """A limit in epochs; null: none. Training stops at the first limit reached; a run that
+    sets none trains on `schedule.default_budget`'s."""
     max_updates: int | None = None
-    max_time: float | None = None  # seconds of training, summed over resumed runs
-    max_target_tokens: int | None = None  # target tokens trained on (all ranks), likewise
-    validate_every_updates: int = 0  # also validate every N updates; 0: only after epochs
-    validate_after_updates: int = 0  # no epoch-end validation (nor numbered checkpoints)
-    #                                  before this many updates; epochs still write
-    #                                  checkpoint_last.pt; 0: from the start
-    validate_after_budget: float = 0.0  # nor before this share of the budget is used
-    #                                     (the first limit: updates, tokens or time)
-    validate_every_epoch: bool = True  # validate (and save numbered checkpoints) after each
-    #                                    epoch; false for corpora whose epochs take hours
-    save_every_updates: int = 0  # also write checkpoint_last.pt every N updates; 0: only at
-    #                              validations and epoch ends
-    patience: int = 0  # stop after N validations without a better BLEU; 0: never
-    keep_last: int = 5  # numbered checkpoints kept besides last/best; 0: none written
-    resume: bool = False  # require checkpoints/checkpoint_last.pt (used anyway if present)
-    log_every_updates: int = 50  # train.log/TensorBoard interval
-    prefetch_batches: int = 2  # updates' batches collated ahead on a background thread (and
-    #                            pinned for a GPU); 0: collate on the training thread
-    max_bad_updates: int = 5  # stop after N non-finite losses/gradients in a row
-    bleu_max_sentences: int | None = None  # decode only the first N validation sentences
-    decode_max_tokens: int | None = None  # source tokens per decoding batch; null: data's
-    decode_max_len_a: float = 1.5  # output length limit: a * source length + b
+    """A limit in updates; null: none."""
+    max_time: float | None = None
+    """A limit in seconds of training, summed over resumed runs; null: none."""
+    max_target_tokens: int | None = None
+    """A limit in target tokens trained on (all ranks), summed over resumed runs; null:
+    none."""
+    validate_every_updates: int = 0
+    """Also validate every N updates; 0: only after epochs."""
+    validate_after_updates: int = 0
+    """No epoch-end validation (nor numbered checkpoints) before this many updates; epochs
+    still write checkpoint_last.pt; 0: from the start."""
+    validate_after_budget: float = 0.0
+    """No epoch-end validation either before this share of the budget (the first limit:
+    updates, tokens or time) is used; 0: from the start."""
+    validate_every_epoch: bool = True
+    """Validate (and save numbered checkpoints) after each epoch; false for corpora whose
+    epochs take hours."""
+    save_every_updates: int = 0
+    """Also write checkpoint_last.pt every N updates; 0: only at validations and epoch
+    ends."""
+    patience: int = 0
+    """Stop after N validations without a better BLEU; 0: never."""
+    keep_last: int = 5
+    """Numbered checkpoints kept besides last/best; 0: none written."""
+    resume: bool = False
+    """Require checkpoints/checkpoint_last.pt in the run directory (it is used anyway if
+    present)."""
+    log_every_updates: int = 50
+    """The train.log/TensorBoard interval, in updates."""
+    prefetch_batches: int = 2
+    """Updates' batches collated ahead on a background thread (and pinned for a GPU); 0:
+    collate on the training thread."""
+    max_bad_updates: int = 5
+    """Stop after N non-finite losses/gradients in a row."""
+    bleu_max_sentences: int | None = None
+    """Decode only the first N validation sentences for BLEU; null: all."""
+    decode_max_tokens: int | None = None
+    """Source tokens per decoding batch at validation; null: data.max_tokens's."""
+    decode_max_len_a: float = 1.5
+    """Validation's translations have at most `a * source length + b` tokens: a."""
     decode_max_len_b: int = 10
-    num_samples: int = 4  # sample translations shown in TensorBoard per validation
+    """Validation's translations have at most `a * source length + b` tokens: b."""
+    num_samples: int = 4
+    """Sample translations shown in TensorBoard per validation."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -540,13 +643,21 @@ class TrainConfig:
     """Everything `transformer.training.train` needs (configs/config.yaml)."""
 
     model: ModelSettings = field(default_factory=ModelSettings)
+    """The architecture: a preset of configs/model/ and its keys."""
     data: DataConfig = field(default_factory=DataConfig)
+    """The corpora, evaluation sets, tokenizer and batches: a preset of configs/data/."""
     optim: OptimConfig = field(default_factory=OptimConfig)
+    """The optimizer, learning-rate schedule, loss and gradients: a preset of
+    configs/optim/."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    seed: int = 1  # model initialization and dropout (data.seed shuffles the batches)
-    # A checkpoint file or run directory to start from (fine-tuning, e.g. an imported
-    # OPUS-MT model): its weights, architecture and tokenizers; a fresh optimizer and schedule.
+    """Device, precision, limits, validation, checkpoints, logging: a preset of
+    configs/trainer/."""
+    seed: int = 1
+    """Model initialization and dropout (data.seed shuffles the batches)."""
     init_from: str | None = None
+    """A checkpoint file or run directory to start from (fine-tuning, e.g. an imported
+    OPUS-MT model): its weights, architecture and tokenizers, with a fresh optimizer and
+    schedule; null: a new model."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -563,14 +674,12 @@ class TrainConfig:
         _check(cooldown == 0 or (max_updates is not None and cooldown <= max_updates),
                f"optim.cooldown_updates={cooldown} needs trainer.max_updates >= it (the "
                f"cooldown ends there), got trainer.max_updates={max_updates}")
-        t = self.trainer
-        budget = (t.max_updates, t.max_target_tokens, t.max_time)
-        for key, value in (("optim.cooldown", self.optim.cooldown),
-                           ("optim.warmup_fraction", self.optim.warmup_fraction),
-                           ("trainer.validate_after_budget", t.validate_after_budget)):
-            _check(not value or any(limit is not None for limit in budget),
-                   f"{key}={value} is a share of the budget, but the run has none: set "
-                   "trainer.max_updates, trainer.max_target_tokens or trainer.max_time")
+        t, o = self.trainer, self.optim
+        _check(t.max_time is None or o.cooldown or o.cooldown_updates,
+               f"optim.cooldown=0 with trainer.max_time={t.max_time}: a time limit stops the "
+               "run wherever this machine's speed puts it, at the learning rate of that "
+               "moment; give the cooldown a share of the budget (e.g. optim.cooldown=0.2) or "
+               "limit the run by trainer.max_updates or trainer.max_target_tokens instead")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values only (stored in checkpoints)."""
@@ -598,9 +707,13 @@ class DecodingSettings:
     validation data), which `Translator.load` reads."""
 
     beam_size: int = 5
-    alpha: float = 1.0  # GNMT length penalty; the best value depends on the model
-    max_len_a: float = 1.5  # outputs have at most a * source length + b tokens
+    """Hypotheses kept at each step of beam search."""
+    alpha: float = 1.0
+    """The GNMT length penalty; the best value depends on the model."""
+    max_len_a: float = 1.5
+    """Outputs have at most `a * source length + b` tokens: a."""
     max_len_b: int = 10
+    """Outputs have at most `a * source length + b` tokens: b."""
 
     def __post_init__(self) -> None:
         _check(_is_int(self.beam_size) and _is_int(self.max_len_b) and _is_finite(self.alpha)
@@ -620,6 +733,98 @@ class DecodingSettings:
             return cls(**_known_fields(cls, values))
         except TypeError as e:
             raise ConfigError(f"invalid decoding settings {dict(values)}: {e}") from e
+
+
+# -- the schema's keys, and the one closest to a mistyped key --
+
+@dataclass(frozen=True)
+class SchemaKey:
+    """One key of the training config: its dotted name ("optim.lr"; a key of the entries of
+    a list-valued key: "data.corpora[].weight"), the dataclass that declares it, its field."""
+
+    key: str
+    schema: type
+    field: dataclasses.Field
+
+
+def schema_keys(schema: type = TrainConfig, prefix: str = "") -> list[SchemaKey]:
+    """Every key of `schema`, in its fields' order: a group's keys (a field that is itself a
+    dataclass) in the group's place, and after a list of dataclass entries (`data.corpora`)
+    the keys of an entry. What the configuration's documentation lists and a mistyped key
+    is matched against."""
+    keys = []
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            keys += schema_keys(kind, f"{prefix}{f.name}.")
+            continue
+        keys.append(SchemaKey(f"{prefix}{f.name}", schema, f))
+        entry = typing.get_args(kind)[0] if typing.get_origin(kind) is list else None
+        if dataclasses.is_dataclass(entry):
+            keys += schema_keys(entry, f"{prefix}{f.name}[].")
+    return keys
+
+
+def _general(key: str) -> str:
+    """A key with its list positions as "[]": data.corpora[0].name -> data.corpora[].name."""
+    return re.sub(r"\[[^\]]*\]", "[]", key)
+
+
+def _closest_keys(key: str) -> list[str]:
+    """The keys a mistyped `key` most likely meant: in its group (the group's name itself
+    corrected: "optimm.lr" -> "optim.lr"), the key of that name, else the keys of that name
+    in other groups ("lr" -> "optim.lr"), else the closest name of its group ("optim.lrr"
+    -> "optim.lr"; the top level includes the config groups: "optimm" -> "optim"), else the
+    keys of the closest name in any group; none when nothing is close."""
+    keys = [k.key for k in schema_keys()]
+    config_groups = {p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name[0] != "_"}
+    names: dict[str, list[str]] = {"": sorted({k.split(".")[0] for k in keys} | config_groups)}
+    for k in keys:
+        group, _, name = k.rpartition(".")
+        if group:
+            names.setdefault(group, []).append(name)
+    group, _, name = _general(key).rpartition(".")
+    if group not in names:
+        found = difflib.get_close_matches(group, [g for g in names if g], n=1)
+        group = found[0] if found else None
+    if group and name in names[group]:
+        return [f"{group}.{name}"]
+    by_name: dict[str, list[str]] = {}
+    for k in keys:
+        if "[]" not in k:  # an entry's keys are set within their list
+            by_name.setdefault(k.rpartition(".")[2], []).append(k)
+    if name in by_name:
+        return by_name[name][:3]
+    found = difflib.get_close_matches(name, names[group], n=1) if group is not None else []
+    if found:
+        return [f"{group}.{found[0]}" if group else found[0]]
+    found = difflib.get_close_matches(name, by_name, n=1)
+    return by_name[found[0]][:3] if found else []
+
+
+def _keys_under(group: str) -> tuple[str, list[str]]:
+    """(the innermost group of `group` the schema has, the names of its keys): ("optim",
+    ["betas", ...]); ("", the top-level keys) when `group` is none of the schema's."""
+    prefix = f"{_general(group)}." if group else ""
+    names = sorted({re.split(r"[.\[]", k.key[len(prefix):])[0] for k in schema_keys()
+                    if k.key.startswith(prefix)})
+    if names or not group:
+        return group, names
+    return _keys_under(group.rpartition(".")[0])
+
+
+def unknown_key_error(key: str) -> ConfigError:
+    """ConfigError for a key the schema lacks, on one line naming it and the closest real
+    key (`optim.lrr is not a config key; did you mean optim.lr?`), or, when none is close,
+    the keys of its group."""
+    found = _closest_keys(key)
+    if found:
+        alternatives = " or ".join([", ".join(found[:-1]), found[-1]] if found[1:] else found)
+        return ConfigError(f"{key} is not a config key; did you mean {alternatives}?")
+    group, names = _keys_under(key.rpartition(".")[0])
+    return ConfigError(f"{key} is not a config key (the keys of {group or 'the config'}: "
+                       f"{', '.join(names)})")
 
 
 # Hydra and OmegaConf are imported where they are used: translating, serving and exporting
@@ -682,16 +887,19 @@ def _check_known_keys(values: Mapping[str, Any], schema: type, prefix: str = "")
     fields = typing.get_type_hints(schema)
     for key, value in values.items():
         if key not in fields:
-            raise ConfigError(f"{prefix}{key} is not a config key (the keys of "
-                              f"{prefix.rstrip('.') or 'the config'}: "
-                              f"{', '.join(sorted(fields))})")
+            raise unknown_key_error(f"{prefix}{key}")
         if dataclasses.is_dataclass(fields[key]) and isinstance(value, Mapping):
             _check_known_keys(value, fields[key], f"{prefix}{key}.")
 
 
 def _omegaconf_error(error: Exception, key: str | None = None) -> ConfigError:
-    """OmegaConf's error about a value -> one line naming the key (`full_key`, else
-    `key`)."""
+    """OmegaConf's error about a value -> one line naming the key (`full_key`, else `key`:
+    the key given, whose value holds the error); about a key the schema lacks ->
+    `unknown_key_error`."""
+    if _is_missing_key(error):
+        missing = _missing_key(key, getattr(error, "full_key", None))
+        if missing is not None:
+            return unknown_key_error(missing)
     key = getattr(error, "full_key", None) or key
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return ConfigError(f"{key}: {reason}" if key else reason)
@@ -699,22 +907,73 @@ def _omegaconf_error(error: Exception, key: str | None = None) -> ConfigError:
 
 def override_error(error: Exception) -> ConfigError:
     """Hydra's error about an override (a parse error, a missing preset, a value OmegaConf
-    rejects) -> ConfigError on one line naming the override and its key (`compose_config`
-    and the Hydra commands report them so)."""
+    rejects, a key the schema lacks) -> ConfigError on one line naming the override and its
+    key, and for a mistyped key or preset the closest real one (`compose_config` and the
+    Hydra commands report them so)."""
     from hydra.errors import MissingConfigException, OverrideParseException
 
     if isinstance(error, OverrideParseException):
         reason = error.message.splitlines()[0]
         return ConfigError(f"invalid override {error.override!r}: {reason}")
     if isinstance(error, MissingConfigException):
-        reason = str(error).splitlines()[0]
-        options = f"; the options are: {', '.join(error.options)}" if error.options else ""
-        return ConfigError(f"{reason}{options}")
-    first = str(error).strip().splitlines()[0].rstrip(".") if str(error).strip() else repr(error)
+        return _missing_preset_error(error)
+    message = str(error)
+    deleted = re.search(r"Could not delete from config. '([^']+)' does not exist", message)
+    missing = _missing_key(None, deleted[1]) if deleted else None
+    if missing is not None and missing not in {k.key for k in schema_keys()}:
+        return unknown_key_error(missing)  # ~optim.lrr
+    first = message.strip().splitlines()[0].rstrip(".") if message.strip() else repr(error)
     cause = error.__cause__
     if cause is None:
         return ConfigError(first)
+    overridden = re.match(r"Could not override '([^']+)'", message)
+    if overridden and _is_missing_key(cause):
+        missing = _missing_key(overridden[1], getattr(cause, "full_key", None))
+        if missing is not None:
+            return unknown_key_error(missing)
     return ConfigError(f"{first}: {_omegaconf_error(cause)}")
+
+
+def _is_missing_key(error: BaseException | None) -> bool:
+    """Whether OmegaConf's `error` says a key is not in the schema."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    return (isinstance(error, (ConfigKeyError, ConfigAttributeError))
+            and re.match(r"Key '[^']*' (is )?not in", str(error)) is not None)
+
+
+def _missing_key(given: str | None, missing: str | None) -> str | None:
+    """The dotted key the schema lacks, from the key given on the command line or in a
+    config (`given`) and the one OmegaConf names (`missing`): "optimm.lr" of `optimm.lr=3`
+    ("optimm" missing), "optim.lrr" of `optim={lrr: 1}`, "data.corpora[].nme" of
+    `data.corpora=[{nme: a}]` ("nme" missing); None for Hydra's own keys (hydra.*)."""
+    if not given or not missing or given == missing or given.startswith(f"{missing}."):
+        key = given or missing
+    elif missing.startswith(f"{given}."):
+        key = missing
+    elif any(k.key.startswith(f"{given}[].") for k in schema_keys()):
+        key = f"{given}[].{missing}"
+    else:
+        key = f"{given}.{missing}"
+    return None if not key or key == "hydra" or key.startswith("hydra.") else key
+
+
+def _missing_preset_error(error: Exception) -> ConfigError:
+    """Hydra's MissingConfigException about a group's option -> one line naming the option,
+    the closest preset and the group's presets (`data=filez is not a preset; did you mean
+    data=files? (the presets of data: files, multi30k, multi30k_tok)`)."""
+    reason = str(error).splitlines()[0]
+    options = list(getattr(error, "options", None) or [])
+    group, _, name = (getattr(error, "missing_cfg_file", None) or "").rpartition("/")
+    if not options or not group:
+        return ConfigError(f"{reason}; the options are: {', '.join(options)}" if options
+                           else reason)
+    within = re.match(r"In '([^']+)'", reason)
+    where = f"in {within[1]}: " if within and within[1] != "config" else ""
+    close = difflib.get_close_matches(name, options, n=1)
+    hint = f"; did you mean {group}={close[0]}?" if close else ""
+    return ConfigError(f"{where}{group}={name} is not a preset{hint} (the presets of {group}: "
+                       f"{', '.join(options)})")
 
 
 def compose_config(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -> TrainConfig:

@@ -9,17 +9,20 @@ Flow (see `load_data`; `transformer prepare-data` runs it alone):
 2. `run_tokenizers`: the tokenizer pair given (a checkpoint's), `data.spm_model`, the run
    directory's, or SentencePiece trained on a sample of every training corpus, with the
    run's tags as reserved pieces (`DataConfig.reserved_tags`).
-3. `corpus_store` / `split_store`: each corpus is streamed (`text.iter_parallel`: UTF-8, line
-   endings and line counts checked), cleaned by its filters (`cleaning.CorpusCleaner`:
-   text filters before encoding, the length ratio after), encoded chunk by chunk and written
-   to a memory-mapped store (`store.StoreWriter`), once: the store is found again by the
-   files' paths, the tokenizers and the filters, and trusted while the files' size and
-   modification time (or, when those changed, their SHA-256) are the ones it was built from.
-   Its meta.json records what each filter removed, for the cleaning table.
+3. `corpus_store` / `split_store`: each corpus's line counts are compared
+   (`text.check_aligned`), then it is streamed (`text.iter_parallel`: UTF-8 and line
+   endings checked), cleaned by its filters (`cleaning.CorpusCleaner`: text filters before
+   encoding, the length ratio after), encoded chunk by chunk and written to a memory-mapped
+   store (`store.StoreWriter`), once: the store is found again by the files' paths, the
+   tokenizers and the filters, and trusted while the files' size and modification time
+   (or, when those changed, their SHA-256) are the ones it was built from. Its meta.json
+   records what each filter removed, for the cleaning table.
 4. `store.ParallelCorpus.open` maps each store; training pairs longer than `data.max_len`
    (tags included) are filtered out of the view, then `max_pairs` keeps the first pairs;
-   evaluation sets keep their raw lines (BLEU references). Tags are ids in front of each
-   source (`ParallelCorpus.with_prefix`), never in a store.
+   evaluation sets keep every pair (an empty set is refused), a side longer than
+   `data.max_len` cut to it with a warning naming the line, and their raw lines (BLEU
+   references). Tags are ids in front of each source (`ParallelCorpus.with_prefix`), never
+   in a store.
 5. `mixture.Mixture.draw` picks each epoch's pairs by the corpora's shares;
    `batching.train_batches` / `eval_batches` give arrays of indices; `collate` turns one
    into a padded `Batch`.
@@ -47,7 +50,7 @@ from .files import atomic_write
 from .mixture import Mixture, shares
 from .run_tokenizers import existing_tokenizers, train_tokenizers
 from .store import STORE_VERSION, ParallelCorpus, StoreWriter, read_meta
-from .text import iter_parallel, non_empty, read_parallel
+from .text import check_aligned, iter_parallel, non_empty, read_parallel
 from .tokenizer import Tokenizer, TokenizerPair
 
 __all__ = ["SplitFiles", "corpus_files", "eval_set_files", "store_path", "write_split_store",
@@ -207,14 +210,17 @@ def _keep(mask: np.ndarray, *lists: list) -> list[list]:
 def write_split_store(directory: Path, files: SplitFiles, split: str,
                       tokenizers: TokenizerPair, cleaning: Cleaning | None = None) -> None:
     """Stream, check, clean (a training corpus) and encode one split into a new store at
-    `directory`. A training corpus drops pairs with an empty side whatever its filters
-    (counted as "empty"); its meta.json records the pairs read and each filter's count."""
+    `directory`. The files' line counts are compared first (`check_aligned`: counted, not
+    decoded), so misaligned files are refused before any encoding. A training corpus drops
+    pairs with an empty side whatever its filters (counted as "empty"); its meta.json
+    records the pairs read and each filter's count."""
     start = time.perf_counter()
     sources = {"src": _source(files.src), "tgt": _source(files.tgt)}  # before reading
     vocab = max(tokenizers.src.vocab_size, tokenizers.tgt.vocab_size)
     label = cleaning.key if cleaning else split
     meta: dict[str, Any] = {}
     with StoreWriter(directory, vocab) as writer:
+        check_aligned(files.src, files.tgt, split=label)
         cleaner = (CorpusCleaner(cleaning.filters, cleaning.corpus.src_lang,
                                  cleaning.corpus.tgt_lang, name=cleaning.corpus.name)
                    if cleaning else None)
@@ -375,18 +381,46 @@ def _training_corpus(cfg: DataConfig, corpus: CorpusConfig, files: SplitFiles,
     return kept, counts
 
 
+def _within_max_len(corpus: ParallelCorpus, max_len: int, tags: int, vocab_size: int,
+                    key: str, files: SplitFiles) -> ParallelCorpus:
+    """An evaluation set (which keeps every pair) with each side cut to `data.max_len`
+    positions as training counts them (source: `tags` + pieces + EOS; target: BOS +
+    pieces), in memory: validation never gives the model more positions than it has
+    (`model.max_positions` >= `data.max_len`). The cut pairs are warned about, naming their
+    lines; the raw lines, the BLEU references, stay whole."""
+    src_room, tgt_room = max(0, max_len - 1 - tags), max_len - 1
+    long = np.flatnonzero((corpus.src_lens > src_room) | (corpus.tgt_lens > tgt_room))
+    if len(long) == 0:
+        return corpus
+    lines = ", ".join(str(int(n) + 1) for n in corpus.lines[long[:10]])
+    log.warning("%s: %d pair(s) longer than data.max_len=%d (line(s) %s%s of %s / %s); "
+                "read as their first %d source and %d target pieces", key,
+                len(long), max_len, lines, ", ..." if len(long) > 10 else "", files.src,
+                files.tgt, src_room, tgt_room)
+    pairs = [corpus.pair(i) for i in range(len(corpus))]
+    return ParallelCorpus.from_ids([src[:src_room] for src, _ in pairs],
+                                   [tgt[:tgt_room] for _, tgt in pairs], corpus.special_ids,
+                                   vocab_size, corpus.lines)
+
+
 def _evaluation_set(cfg: DataConfig, split: str, entry: EvalSetConfig, files: SplitFiles,
                     tokenizers: TokenizerPair, cache_dir: Path) -> ParallelCorpus:
-    """A validation or test set: its store, its raw lines (BLEU references), its tags."""
+    """A validation or test set: its store (pairs cut to `data.max_len`: `_within_max_len`),
+    its raw lines (BLEU references), its tags. An empty set is refused: nothing could be
+    scored."""
+    key = _entry_key(cfg, split, entry.name)
     corpus = ParallelCorpus.open(split_store(files, split, tokenizers, cache_dir))
-    text = read_parallel(files.src, files.tgt, split=_entry_key(cfg, split, entry.name))
-    corpus.src_text, corpus.tgt_text = text.src, text.tgt
+    if len(corpus) == 0:
+        raise DataError(f"{key}: no lines in {files.src} / {files.tgt}")
     tags = cfg.source_tags(None, entry.tgt_lang)
+    vocab_size = max(tokenizers.src.vocab_size, tokenizers.tgt.vocab_size)
+    corpus = _within_max_len(corpus, cfg.max_len, len(tags), vocab_size, key, files)
+    text = read_parallel(files.src, files.tgt, split=key)
+    corpus.src_text, corpus.tgt_text = text.src, text.tgt
     if tags:
         if entry.tgt_lang not in cfg.target_languages():
-            raise DataError(f"{_entry_key(cfg, split, entry.name)}.tgt_lang: the model is "
-                            f"trained to translate into {', '.join(cfg.target_languages())}, "
-                            f"not {entry.tgt_lang!r}")
+            raise DataError(f"{key}.tgt_lang: the model is trained to translate into "
+                            f"{', '.join(cfg.target_languages())}, not {entry.tgt_lang!r}")
         corpus = corpus.with_prefix(_tag_ids(tokenizers.src, tags, split))
     return corpus
 

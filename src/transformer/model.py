@@ -37,17 +37,35 @@ class Hyperparameters:
     are the paper's base model. `ModelConfig` adds what the data decides."""
 
     num_hiddens: int = 512
+    """The model dimension: the width of the embeddings and of every block's input and
+    output."""
     ffn_num_hiddens: int = 2048
+    """The inner width of each block's position-wise feed-forward network."""
     num_heads: int = 8
+    """Attention heads per attention layer; must divide num_hiddens."""
     num_encoder_layers: int = 6
+    """Encoder blocks."""
     num_decoder_layers: int = 6
+    """Decoder blocks."""
     dropout: float = 0.1
-    attention_dropout: float = 0.0  # > 0 disables PyTorch's fused attention kernel on CPU
-    norm_first: bool = False  # False: post-norm (paper, book); True: pre-norm
-    tie_output: bool = True  # target embedding == output projection
+    """Dropout on the embeddings (with their positions) and on each sublayer's output before
+    its residual connection."""
+    attention_dropout: float = 0.0
+    """Dropout on the attention weights; > 0 disables PyTorch's fused attention kernel on
+    CPU."""
+    norm_first: bool = False
+    """False: post-norm (the paper's and the book's); true: pre-norm (LayerNorm before each
+    sublayer)."""
+    tie_output: bool = True
+    """The output projection is the target embedding matrix."""
     max_positions: int = 1024
-    activation: str = "relu"  # the FFN's: relu (paper), gelu, swish (OPUS-MT's)
-    output_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
+    """The longest sequence the sinusoidal position table covers (data.max_len must not
+    exceed it)."""
+    activation: str = "relu"
+    """The feed-forward network's activation: relu (the paper's), gelu, or swish
+    (OPUS-MT's)."""
+    output_bias: bool = False
+    """A bias on the output projection (Marian's final_logits_bias)."""
 
 
 @dataclass

@@ -31,34 +31,48 @@ checkpoints, so a resumed run keeps its warmup.
 factor the schedule had there) is the older form of a cooldown, kept as it was
 (`lr_lambda`).
 
-**Settings fitted to the budget** (`BUDGET_SETTINGS`): a small budget is better spent on
-more, smaller updates with less dropout and a lower peak; a large one on Wu et al.'s
-8,192-token batches, dropout 0.3 and lr 0.005 (docs/RESULTS.md, "Budgets"). Where the config
-leaves `data.max_tokens`, `model.dropout` or `optim.lr` null (the recipe does), the trainer
-fills them from the row for the target tokens the budget allows (`budget_settings`; for a
-time budget, at the speed it measures before the first update), logs the choice and keeps
-it when resumed (`fit_to_budget`). A value given in the config is kept.
+**A budget for every run** (`default_budget`): a run whose config sets no limit trains for
+`DEFAULT_EPOCHS` passes over its corpus, at most the recipe's 61M target tokens and at most
+`DEFAULT_MAX_TIME` seconds, and stops; the trainer logs which.
+
+**Settings fitted to the budget and the corpus** (`budget_settings`): a small budget is better
+spent on more, smaller updates with a lower peak, a large one on Wu et al.'s 8,192-token
+batches and lr 0.005 (`BATCH_ROWS`, by the target tokens the budget allows); a budget that
+goes through its corpus many times needs more dropout than one that sees each pair once or
+twice (`DROPOUT_ROWS`, by epochs: the target tokens the budget allows over those of one
+epoch). Where the config leaves `data.max_tokens`, `model.dropout` or `optim.lr` null (the
+presets do), the trainer fills them in (for a time budget, at the speed it measures before
+the first update), logs the choice and why, and keeps it when resumed (`fit_to_budget`). A
+value given in the config is kept. The vocabulary size follows the corpus the same way
+(`run_tokenizers.vocab_size_for`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from .config import TrainConfig
+from .train_log import format_duration
 
-__all__ = ["Budget", "BudgetSettings", "BUDGET_SETTINGS", "Plan", "Schedule", "budget_settings",
-           "fit_to_budget", "lr_lambda", "needs_budget_settings", "PLAN_AFTER", "REPLAN_EVERY"]
+__all__ = ["Budget", "BatchRow", "BATCH_ROWS", "DROPOUT_ROWS", "BudgetSettings", "Plan",
+           "Schedule", "batch_row", "dropout_for", "budget_settings", "explain_settings",
+           "default_budget",
+           "with_budget", "probe_settings", "fit_to_budget", "lr_lambda", "null_settings",
+           "needs_budget_settings", "DEFAULT_EPOCHS", "DEFAULT_MAX_TOKENS", "DEFAULT_MAX_TIME",
+           "PLAN_AFTER", "REPLAN_EVERY"]
 
 log = logging.getLogger(__name__)
 
 PLAN_AFTER = 10  # updates measured before the first plan of a token or time budget
 SPEED_FROM = 2  # a process's first update (allocation, compilation) is left out of the speed
 REPLAN_EVERY = 50  # updates between two measurements of the speed
+LOGGED_CHANGE = 0.1  # a plan is logged again when its updates differ this much from the last
 
 
 def lr_lambda(schedule: str, warmup_updates: int, max_updates: int | None = None,
@@ -156,45 +170,144 @@ class Budget:
 
 
 @dataclass(frozen=True)
-class BudgetSettings:
-    """The batch size, dropout, peak lr and warmup the recipe uses from a budget on."""
+class BatchRow:
+    """A batch size and the peak lr (with its warmup share) that go with it, for budgets from
+    `from_tokens` target tokens on."""
 
-    from_tokens: int  # the smallest budget (target tokens) these settings are for
+    from_tokens: int  # the smallest budget (target tokens) this row is for
     update_tokens: int  # target-side tokens per update, padding included: data.max_tokens
     #                     per batch x optim.update_freq x ranks
-    dropout: float
     lr: float
     warmup_fraction: float | None  # the warmup's share of the planned updates, at most
     #                                optim.warmup_updates; None: optim.warmup_updates
 
 
-# Measured on Multi30k with Transformer-Tiny at 5.5M, 20M and 61M target tokens (docs/RESULTS.md,
-# "Budgets"). Each row starts at the budget it was measured at: below it, its larger batches
-# and higher peak lose (the 20M row at ~10M target tokens: 19.0 cased, the 5.5M row at 5.5M:
-# 34.4), while the smaller batches of the row below only make more updates.
-BUDGET_SETTINGS = (
-    BudgetSettings(0, 2048, dropout=0.1, lr=0.002, warmup_fraction=0.15),  # 5.5M: 34.4 cased
-    BudgetSettings(20_000_000, 4096, dropout=0.2, lr=0.003, warmup_fraction=0.15),  # 20M: 38.9
-    BudgetSettings(61_000_000, 8192, dropout=0.3, lr=0.005, warmup_fraction=None),  # Wu et al.
+# The batch size and peak lr follow the number of updates the budget buys: measured on
+# Multi30k with Transformer-Tiny at 5.5M, 20M and 61M target tokens (docs/RESULTS.md,
+# "Budgets"), and on two other corpora (docs/RESULTS.md, "Your own data"). Each row starts
+# at the budget it was measured at: below it, its larger batches and higher peak lose (the
+# 4,096-token row at ~10M target tokens: 19.0 cased where the row below made 34.4 of 5.5M),
+# while the smaller batches of the row below only make more updates.
+BATCH_ROWS = (
+    BatchRow(0, 2048, lr=0.002, warmup_fraction=0.15),
+    BatchRow(20_000_000, 4096, lr=0.003, warmup_fraction=0.15),
+    BatchRow(61_000_000, 8192, lr=0.005, warmup_fraction=None),  # Wu et al.'s
 )
 
+# Dropout follows the epochs: how many times the budget goes through the corpus. A model
+# that sees its pairs more often needs more regularization: (from epochs, dropout), measured
+# on Multi30k at 12, 42 and 129 epochs and on two other corpora (docs/RESULTS.md).
+DROPOUT_ROWS = ((0.0, 0.1), (40.0, 0.2), (125.0, 0.3))
 
-def budget_settings(budget: Budget, tokens_per_second: float | None = None,
-                    table: tuple[BudgetSettings, ...] = BUDGET_SETTINGS) -> BudgetSettings:
-    """The row of `table` for the budget: the one with the largest batches whose
+# The budget of a run that sets no limit (trainer.max_updates, max_target_tokens and max_time
+# all null): DEFAULT_EPOCHS passes over its corpus, at most the recipe's 61M target tokens
+# (Wu et al.'s budget) and at most DEFAULT_MAX_TIME seconds, whichever comes first.
+DEFAULT_EPOCHS = 100
+DEFAULT_MAX_TOKENS = 61_000_000
+DEFAULT_MAX_TIME = 5300.0
+
+
+@dataclass(frozen=True)
+class BudgetSettings:
+    """What a run's budget chose: the batch size, dropout, peak lr and warmup share (saved in
+    checkpoints, so a resumed run keeps them)."""
+
+    from_tokens: int  # the smallest budget of the batch row (`BatchRow.from_tokens`)
+    update_tokens: int
+    dropout: float
+    lr: float
+    warmup_fraction: float | None
+    epochs: float | None = None  # the passes over the corpus the budget was expected to make
+
+
+def batch_row(budget: Budget, tokens_per_second: float | None = None) -> BatchRow:
+    """The row of `BATCH_ROWS` for the budget: the one with the largest batches whose
     `from_tokens` the budget reaches at those batches (and at `tokens_per_second` for a
     time limit). A run without a limit in tokens gets the last row."""
-    for settings in reversed(table):
-        expected = budget.expected_tokens(settings.update_tokens, tokens_per_second)
-        if expected is None or expected >= settings.from_tokens:
-            return settings
-    return table[0]
+    for row in reversed(BATCH_ROWS):
+        expected = budget.expected_tokens(row.update_tokens, tokens_per_second)
+        if expected is None or expected >= row.from_tokens:
+            return row
+    return BATCH_ROWS[0]
+
+
+def dropout_for(epochs: float) -> float:
+    """The dropout of `DROPOUT_ROWS` for a budget of `epochs` passes over the corpus."""
+    return next(dropout for start, dropout in reversed(DROPOUT_ROWS) if epochs >= start)
+
+
+def budget_settings(budget: Budget, epoch_tokens: int,
+                    tokens_per_second: float | None = None) -> BudgetSettings:
+    """The settings for `budget` on a corpus of `epoch_tokens` target tokens an epoch: the
+    batch size and peak lr by the tokens the budget allows (`batch_row`), the dropout by the
+    epochs they make (`dropout_for`; a budget without a limit in tokens: the last row)."""
+    row = batch_row(budget, tokens_per_second)
+    expected = budget.expected_tokens(row.update_tokens, tokens_per_second)
+    epochs = None if expected is None else expected / max(epoch_tokens, 1)
+    dropout = DROPOUT_ROWS[-1][1] if epochs is None else dropout_for(epochs)
+    return BudgetSettings(row.from_tokens, row.update_tokens, dropout, row.lr,
+                          row.warmup_fraction, epochs)
+
+
+def explain_settings(settings: BudgetSettings, keys: list[str]) -> str:
+    """What `budget_settings` chose for the config's null `keys` (`null_settings`), and by
+    which row of which table."""
+    above = [row.from_tokens for row in BATCH_ROWS if row.from_tokens > settings.from_tokens]
+    tokens = (f"budgets of {settings.from_tokens:,} to {above[0]:,} target tokens" if above
+              else f"budgets from {settings.from_tokens:,} target tokens")
+    reasons = {
+        "data.max_tokens": f"batches of {settings.update_tokens:,} tokens an update (for "
+                           f"{tokens})",
+        "optim.lr": f"lr {settings.lr} and " + (
+            f"a warmup of {settings.warmup_fraction:.0%} of the planned updates"
+            if settings.warmup_fraction else "the configured warmup") + f" (for {tokens})",
+        "model.dropout": f"dropout {settings.dropout}" + (
+            "" if settings.epochs is None else f" (for {_epochs_row(settings.epochs)})"),
+    }
+    return ", ".join(reasons[key] for key in keys)
+
+
+def _epochs_row(epochs: float) -> str:
+    """The span of `DROPOUT_ROWS` that `epochs` falls in, in words."""
+    starts = [start for start, _ in DROPOUT_ROWS]
+    start = max(s for s in starts if epochs >= s)
+    end = [s for s in starts if s > start]
+    return f"{start:g} to {end[0]:g} epochs" if end else f"{start:g} epochs or more"
+
+
+def default_budget(epoch_tokens: int) -> Budget:
+    """The budget of a run that sets none: `DEFAULT_EPOCHS` epochs of `epoch_tokens` target
+    tokens, at most `DEFAULT_MAX_TOKENS`, and at most `DEFAULT_MAX_TIME` seconds."""
+    return Budget(max_target_tokens=min(DEFAULT_MAX_TOKENS, DEFAULT_EPOCHS * epoch_tokens),
+                  max_time=DEFAULT_MAX_TIME)
+
+
+def with_budget(cfg: TrainConfig, budget: Budget) -> TrainConfig:
+    """`cfg` with the trainer's limits of `budget` (updates, target tokens, seconds)."""
+    return replace(cfg, trainer=replace(cfg.trainer, max_updates=budget.max_updates,
+                                        max_target_tokens=budget.max_target_tokens,
+                                        max_time=budget.max_time))
+
+
+def null_settings(cfg: TrainConfig) -> list[str]:
+    """The settings the config leaves to the budget: those of `data.max_tokens`,
+    `optim.lr` and `model.dropout` that are null."""
+    values = {"data.max_tokens": cfg.data.max_tokens, "optim.lr": cfg.optim.lr,
+              "model.dropout": cfg.model.dropout}
+    return [key for key, value in values.items() if value is None]
 
 
 def needs_budget_settings(cfg: TrainConfig) -> bool:
-    """Whether the config leaves a setting to the budget (a null `data.max_tokens`,
-    `model.dropout` or `optim.lr`)."""
-    return None in (cfg.data.max_tokens, cfg.model.dropout, cfg.optim.lr)
+    """Whether the config leaves a setting to the budget (`null_settings`)."""
+    return bool(null_settings(cfg))
+
+
+def probe_settings() -> BudgetSettings:
+    """The settings a time budget's speed is measured at, before it chooses its own: the
+    smallest batches (the fewest tokens per second: an estimate on the safe side)."""
+    row = BATCH_ROWS[0]
+    return BudgetSettings(row.from_tokens, row.update_tokens, DROPOUT_ROWS[0][1], row.lr,
+                          row.warmup_fraction)
 
 
 def fit_to_budget(cfg: TrainConfig, settings: BudgetSettings, world_size: int = 1) -> TrainConfig:
@@ -241,6 +354,8 @@ class Schedule:
         self._mark: _Mark | None = None
         self._observed = 0  # updates observed by this process (a resumed run starts again)
         self._built: tuple[int, Callable[[int], float]] | None = None  # (warmup, schedule)
+        self._logged: int | None = None  # the planned updates of the plan logged last
+        self._logged_timed = False  # whether a plan with its end in time was logged
         if self.budget.updates_only:
             self._replan(0, self.budget.max_updates)
 
@@ -280,38 +395,59 @@ class Schedule:
         measured since the previous point. Target tokens per update are averaged over the
         whole run (a token budget plans alike when resumed); seconds per update over the
         last interval (the speed of the machine now)."""
-        if self.budget.updates_only or not self.budget.limited:
-            return  # known from the start, or nothing to plan for
+        if not self.budget.limited:
+            return  # nothing to plan for
         self._observed += 1
         if self._observed == SPEED_FROM:
             self._mark = _Mark(num_updates, seconds)
         if num_updates == 0 or (num_updates != PLAN_AFTER and num_updates % REPLAN_EVERY):
             return
-        per_second = None
+        per_update = None
         if self._mark is not None and num_updates > self._mark.num_updates:
-            per_second = (seconds - self._mark.seconds) / (num_updates - self._mark.num_updates)
+            per_update = (seconds - self._mark.seconds) / (num_updates - self._mark.num_updates)
             self._mark = _Mark(num_updates, seconds)
         left = self.budget.updates_left(num_updates, target_tokens, seconds,
-                                        target_tokens / max(num_updates, 1), per_second)
-        if left is not None and (per_second is not None or self.budget.max_time is None):
-            self._replan(num_updates, num_updates + round(left))
+                                        target_tokens / max(num_updates, 1), per_update)
+        if left is not None and (per_update is not None or self.budget.max_time is None):
+            self._replan(num_updates, num_updates + round(left), per_update)
 
-    def _replan(self, num_updates: int, planned: int) -> None:
+    def _replan(self, num_updates: int, planned: int,
+                seconds_per_update: float | None = None) -> None:
         """Record a new forecast; choose the warmup on the first one, and again while
-        the run is still inside it (never shorter than what it has done)."""
-        old = self.plan.planned_updates
+        the run is still inside it (never shorter than what it has done). The plan is
+        logged when it is first made, when its end can first be timed, and when its updates
+        move by more than `LOGGED_CHANGE` from the plan logged last."""
         self.plan.planned_updates = planned
         fraction = self.optim.warmup_fraction
         if fraction is not None and num_updates < self.plan.warmup_updates:
             warmup = min(self.optim.warmup_updates, round(fraction * planned))
             self.plan.warmup_updates = max(warmup, num_updates + 1)
-        if old is None or abs(planned - old) > 0.05 * old:
-            log.info("plan: budget %s; %s updates expected%s; warmup %s updates%s",
-                     self.budget.describe(), f"{planned:,}",
-                     f" (at update {num_updates:,})" if num_updates else "",
-                     f"{self.plan.warmup_updates:,}",
-                     f"; cooldown over the last {self.optim.cooldown:.0%} of the budget"
-                     if self.optim.cooldown else "")
+        timed = seconds_per_update is not None
+        logged = self._logged
+        if (logged is None or (timed and not self._logged_timed)
+                or abs(planned - logged) > LOGGED_CHANGE * logged):
+            self._logged, self._logged_timed = planned, self._logged_timed or timed
+            log.info("plan: %s", self.describe(num_updates, seconds_per_update))
+
+    def describe(self, num_updates: int, seconds_per_update: float | None = None) -> str:
+        """The plan in words: the budget, the updates it allows, the warmup, where the
+        cooldown starts, and (with the speed) how long the rest takes and when it ends."""
+        planned, o = self.plan.planned_updates, self.optim
+        parts = [(f"at update {num_updates:,}, " if num_updates else "")
+                 + f"budget {self.budget.describe()} = ~{planned:,} updates",
+                 f"warmup {self.plan.warmup_updates:,} updates"]
+        if o.cooldown:
+            parts.append(f"cooldown from update ~{round(planned * (1 - o.cooldown)):,} (the "
+                         f"last {o.cooldown:.0%} of the budget)")
+        elif o.cooldown_updates:
+            parts.append(f"cooldown over the last {o.cooldown_updates:,} updates")
+        else:
+            parts.append("no cooldown")
+        if seconds_per_update is not None:
+            left = max(0, planned - num_updates) * seconds_per_update
+            parts.append(f"{format_duration(left)} to go, ending about "
+                         f"{time.strftime('%H:%M', time.localtime(time.time() + left))}")
+        return "; ".join(parts)
 
     def state_dict(self) -> dict:
         return asdict(self.plan)

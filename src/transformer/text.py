@@ -10,7 +10,9 @@
 
 All readers follow one convention: lines end at "\\n" only; a "\\r" before it (Windows) is
 removed and any other "\\r" becomes a space, so a stray "\\r" can never shift line alignment;
-a leading UTF-8 BOM is dropped. Invalid UTF-8 raises `DataError` naming the file and line.
+a leading UTF-8 BOM is dropped; a last line without "\\n" is a line. Everything else is text
+(tabs, control characters): a training corpus's cleaning and the tokenizer decide what to do
+with it. Invalid UTF-8 (a Latin-1 file) raises `DataError` naming the file and line.
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 def _invalid_utf8(name: str, line: int, raw: bytes, position: int) -> DataError:
-    """The error for the undecodable byte at `position` of a line's bytes `raw`."""
+    """The error for the undecodable byte at `position` of a line's bytes `raw`, with the
+    usual cure (text in another encoding, most often Latin-1 or Windows-1252)."""
     return DataError(f"{name}, line {line}: invalid UTF-8 (byte 0x{raw[position]:02x} at "
-                     f"byte {position + 1} of the line)")
+                     f"byte {position + 1} of the line); text must be UTF-8: convert the "
+                     "file, e.g. iconv -f latin1 -t utf-8")
 
 
 def _clean(line: str) -> str:

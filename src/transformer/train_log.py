@@ -22,7 +22,8 @@ from tqdm import tqdm
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["setup_logging", "ValidationMetrics", "Meter", "TrainLog"]
+__all__ = ["setup_logging", "format_duration", "format_elapsed", "ValidationMetrics", "Meter",
+           "RunProgress", "TrainLog"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,21 @@ def setup_logging(run_dir: Path, rank: int) -> Callable[[], None]:
         logger.propagate = old_propagate
 
     return cleanup
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as people say it: 45 s, 12 min, 1 h 05 min."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def format_elapsed(seconds: float) -> str:
+    """Training time on a log line: h:mm:ss."""
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 @dataclass
@@ -128,6 +144,45 @@ class Meter:
         return out
 
 
+class RunProgress:
+    """The one progress bar of a run, over its whole budget (not restarted per epoch): the
+    share done, the training time so far (resumed runs included), the time left, and the
+    update, epoch, last loss, lr and tokens/s. The time left is this process's time per
+    share of the budget, validations included, times the share left."""
+
+    SETTLE = 0.002  # the share of the run done before the time left is estimated
+
+    def __init__(self, enabled: bool, progress: float = 0.0) -> None:
+        self.start_progress, self.started = progress, time.monotonic()
+        self.bar = (tqdm(total=100.0, initial=100.0 * progress, file=sys.stderr, leave=False,
+                         dynamic_ncols=True, bar_format="{percentage:3.0f}%|{bar}| {desc}")
+                    if enabled else None)
+
+    def left(self, progress: float) -> float | None:
+        """Seconds left at this process's pace so far (None: too early to tell)."""
+        done = progress - self.start_progress
+        if done < self.SETTLE:
+            return None
+        return (time.monotonic() - self.started) / done * max(0.0, 1.0 - progress)
+
+    def update(self, progress: float, elapsed: float, step: int, epoch: int,
+               meter: Meter) -> None:
+        if self.bar is None:
+            return
+        left = self.left(progress)
+        stats = meter.postfix()
+        self.bar.set_description_str(
+            f"{format_elapsed(elapsed)} elapsed, "
+            f"{'?' if left is None else format_duration(left)} left | update {step:,} | "
+            f"epoch {epoch} | loss {stats['loss']} | lr {stats['lr']} | "
+            f"{stats['tok/s']} tok/s", refresh=False)
+        self.bar.update(100.0 * progress - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 class TrainLog:
     """One run's records: log lines on every rank's logger, TensorBoard on rank 0 only.
 
@@ -148,14 +203,16 @@ class TrainLog:
         return self.writer is not None
 
     def update(self, step: int, epoch: int, loss: float, gnorm: float, tokens: float,
-               lr: float, every: int) -> None:
-        """Record one update; every `every` updates, write a log line and the scalars."""
+               lr: float, every: int, elapsed: float = 0.0) -> None:
+        """Record one update; every `every` updates, write a log line (with the training
+        time `elapsed`, resumed runs included) and the scalars."""
         self.meter.add(loss, gnorm, tokens, lr)
         if step % every:
             return
         m = self.meter.pop()
-        log.info("epoch %d | update %d | loss %.3f | lr %.3g | gnorm %.3f | %.0f tok/s",
-                 epoch, step, m["loss"], m["lr"], m["gnorm"], m["tokens_per_s"])
+        log.info("epoch %d | update %d | %s | loss %.3f | lr %.3g | gnorm %.3f | %.0f tok/s",
+                 epoch, step, format_elapsed(elapsed), m["loss"], m["lr"], m["gnorm"],
+                 m["tokens_per_s"])
         if self.writer is not None:
             for key, value in m.items():
                 self.writer.add_scalar(f"train/{key}", value, step)
@@ -166,9 +223,10 @@ class TrainLog:
                    figure: Figure | None = None) -> None:
         """The validation's log line and, on rank 0, its scalars, the encoder-decoder
         attention figure and (source, reference, hypothesis) samples."""
-        log.info("epoch %d | update %d | valid loss %.3f | nll %.3f | ppl %.2f | bleu %.2f | "
-                 "chrf %.2f | best bleu %.2f%s | %.1f s", epoch, step, metrics.loss,
-                 metrics.nll, metrics.ppl, metrics.bleu, metrics.chrf, best_bleu,
+        log.info("epoch %d | update %d | %s | valid loss %.3f | nll %.3f | ppl %.2f | "
+                 "bleu %.2f | chrf %.2f | best bleu %.2f%s | %.1f s", epoch, step,
+                 format_elapsed(train_time), metrics.loss, metrics.nll, metrics.ppl,
+                 metrics.bleu, metrics.chrf, best_bleu,
                  " (new best)" if improved else f" ({bad_validations} without improvement)",
                  metrics.seconds)
         for name, one in metrics.sets.items():

@@ -27,7 +27,6 @@ import logging
 import math
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -43,7 +42,6 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
 
 from . import checkpoint as ckpt
 from .attention_maps import encoder_decoder_figure
@@ -64,17 +62,30 @@ from .runtime import (
     resolve_precision,
 )
 from .schedule import (
-    BUDGET_SETTINGS,
+    DEFAULT_EPOCHS,
+    DEFAULT_MAX_TIME,
+    DEFAULT_MAX_TOKENS,
     Budget,
     BudgetSettings,
     Schedule,
     budget_settings,
+    default_budget,
+    explain_settings,
     fit_to_budget,
     needs_budget_settings,
+    null_settings,
+    probe_settings,
+    with_budget,
 )
 from .search import search_corpus
 from .store import Batch
-from .train_log import TrainLog, ValidationMetrics, setup_logging
+from .train_log import (
+    RunProgress,
+    TrainLog,
+    ValidationMetrics,
+    format_duration,
+    setup_logging,
+)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -159,6 +170,7 @@ class Trainer:
         self.losses: list[float] = []
 
         resume = self._find_resume_checkpoint()
+        self.run_id = ckpt.run_id_for(None if resume is None else resume[1])  # kept on resume
         init = self._init_checkpoint()
         if init is not None:  # the run's config says what it trains: the checkpoint's model
             self.cfg = cfg = replace(
@@ -167,6 +179,12 @@ class Trainer:
         start = resume or init
         self.data = self._load_data(None if start is None else
                                     ckpt.tokenizers_from_state(start[1], start[0]))
+        if cfg.data.vocab_size is None:  # chosen by the corpus when SentencePiece trained
+            self.cfg = cfg = replace(cfg, data=replace(
+                cfg.data, vocab_size=self.data.tokenizers.src.vocab_size))
+            self.data = replace(self.data, cfg=cfg.data)
+        self.epoch_tokens = self._epoch_tokens()
+        self.cfg = cfg = self._with_budget(cfg, resume)
         self.budget_settings: BudgetSettings | None = None  # what the budget chose, if any
         self._tokens_per_second: float | None = None  # measured for a time budget's settings
         probe_seconds = 0.0
@@ -174,9 +192,10 @@ class Trainer:
             started = time.monotonic()
             self.budget_settings = self._choose_budget_settings(resume)
             probe_seconds = time.monotonic() - started  # used by a new run only
+            self._log_budget_settings(null_settings(cfg))
             self.cfg = cfg = fit_to_budget(cfg, self.budget_settings, env.world_size)
             self.data = replace(self.data, cfg=cfg.data)
-            self._log_budget_settings()
+        self._note_epoch_limit()
         torch.manual_seed(cfg.seed)  # the same initial model on every rank
         self.model = self._build_model(init, load_weights=resume is None).to(self.device)
         self.optimizer = build_optimizer(self.model, cfg)
@@ -206,6 +225,7 @@ class Trainer:
                             purge_step=self.state.num_updates + 1 if resume else None)
         self._write_config()
         self._last_valid: ValidationMetrics | None = None
+        self.display = RunProgress(enabled=False)  # the bar `fit` shows
 
     # -- setup pieces --
 
@@ -244,10 +264,48 @@ class Trainer:
             dist.barrier()
         return data
 
+    def _epoch_tokens(self) -> int:
+        """The target tokens of the first epoch's pairs (EOS included): what the budget is
+        counted in epochs against."""
+        train = self.data.train
+        draw = train.draw(self.cfg.data.seed, 1)
+        return int(train.tgt_lens[draw].sum()) + len(draw)
+
+    def _with_budget(self, cfg: TrainConfig, resume: tuple[Path, dict] | None) -> TrainConfig:
+        """`cfg` with a budget: its own limits; a resumed run's, when the command line gives
+        none; else `schedule.default_budget` for this corpus (logged)."""
+        if Budget.of(cfg).limited:
+            return cfg
+        trained = resume and ckpt.stored_training_config(resume[1], resume[0])
+        if trained and Budget.of(trained).limited:
+            return with_budget(cfg, Budget.of(trained))
+        budget = default_budget(self.epoch_tokens)
+        log.info("budget: %s, the default of a run that sets no limit: %d epochs of this "
+                 "corpus's %s target tokens, at most %s target tokens and at most %s (set "
+                 "trainer.max_target_tokens, trainer.max_time or trainer.max_updates to "
+                 "choose)", budget.describe(), DEFAULT_EPOCHS, f"{self.epoch_tokens:,}",
+                 f"{DEFAULT_MAX_TOKENS:,}", format_duration(DEFAULT_MAX_TIME))
+        return with_budget(cfg, budget)
+
+    def _note_epoch_limit(self) -> None:
+        """Say so when `trainer.max_epochs` ends the run before its budget: the schedule
+        cools down on the budget, so such a run ends at a high learning rate."""
+        cfg, speed = self.cfg, self._tokens_per_second
+        expected = Budget.of(cfg).expected_tokens(
+            cfg.data.max_tokens * cfg.optim.update_freq * self.env.world_size, speed)
+        epochs = cfg.trainer.max_epochs
+        if epochs is not None and expected is not None and epochs * self.epoch_tokens < expected:
+            log.info("trainer.max_epochs=%d ends the run first, at ~%.0f%% of its budget (%s "
+                     "target tokens an epoch): %s", epochs,
+                     100 * epochs * self.epoch_tokens / expected, f"{self.epoch_tokens:,}",
+                     f"the learning rate is not cooled down (optim.cooldown={cfg.optim.cooldown}"
+                     " is a share of the budget)" if cfg.optim.cooldown else
+                     "the schedule is cut there")
+
     def _choose_budget_settings(self, resume: tuple[Path, dict] | None) -> BudgetSettings:
-        """The `BUDGET_SETTINGS` row for this run's budget: a resumed run's own (one saved
-        without a row: the values it trained with), else chosen on rank 0 (measuring the
-        speed first when a time limit may bind) for every rank."""
+        """The settings for this run's budget and corpus (`schedule.budget_settings`): a
+        resumed run's own (one saved without them: the values it trained with), else chosen
+        on rank 0 (measuring the speed first when a time limit may bind) for every rank."""
         if resume is not None and resume[1].get("budget_settings"):
             return BudgetSettings(**resume[1]["budget_settings"])
         trained = resume and ckpt.stored_training_config(resume[1], resume[0])
@@ -260,7 +318,7 @@ class Trainer:
         if self.env.is_main:
             self._tokens_per_second = (self._measure_speed() * self.env.world_size
                                        if budget.max_time is not None else None)
-            box = [budget_settings(budget, self._tokens_per_second)]
+            box = [budget_settings(budget, self.epoch_tokens, self._tokens_per_second)]
         if self.env.distributed:
             dist.broadcast_object_list(box, src=0)
         return box[0]
@@ -272,7 +330,7 @@ class Trainer:
         train the fewest tokens per second, so the estimate errs toward the smaller rows
         (the safe side: a row used below its budget loses far more than one used above it).
         The model measured is dropped (the run's own is built after, from its seed)."""
-        cfg = fit_to_budget(self.cfg, BUDGET_SETTINGS[0])
+        cfg = fit_to_budget(self.cfg, probe_settings())
         model = Transformer(self._model_config(cfg.model)).to(self.device)
         loss_fn = LabelSmoothedLoss(model, cfg.optim.label_smoothing)
         optimizer = build_optimizer(model, cfg)
@@ -290,20 +348,19 @@ class Trainer:
             tokens += batch.num_tgt_tokens
         return tokens / max(time.perf_counter() - started, 1e-9)
 
-    def _log_budget_settings(self) -> None:
-        cfg, settings, speed = self.cfg, self.budget_settings, self._tokens_per_second
-        budget = Budget.of(cfg)
+    def _log_budget_settings(self, keys: list[str]) -> None:
+        """The settings the budget chose for the config's null `keys`, and why."""
+        settings, speed = self.budget_settings, self._tokens_per_second
+        budget = Budget.of(self.cfg)
         expected = budget.expected_tokens(settings.update_tokens, speed)
-        log.info("settings for a budget of %s (%s%s target tokens expected; the settings from "
-                 "%s): batches of %s tokens, dropout %s, lr %s, warmup %s (the config's null "
-                 "data.max_tokens, model.dropout, optim.lr; set them to choose)",
-                 budget.describe(), f"{speed:,.0f} target tokens/s measured: " if speed else "",
+        log.info("settings for a budget of %s (%s%s target tokens expected%s): %s (%s null in "
+                 "the config; set %s to choose)", budget.describe(),
+                 f"{speed:,.0f} target tokens/s measured: " if speed else "",
                  "no limit on" if expected is None else f"~{expected:,.0f}",
-                 f"{settings.from_tokens:,}", f"{cfg.data.max_tokens:,}", cfg.model.dropout,
-                 cfg.optim.lr,
-                 f"{cfg.optim.warmup_fraction:.0%} of the planned updates (at most "
-                 f"{cfg.optim.warmup_updates:,})" if cfg.optim.warmup_fraction else
-                 f"{cfg.optim.warmup_updates:,} updates")
+                 "" if settings.epochs is None else
+                 f", {settings.epochs:,.1f} epochs of {self.epoch_tokens:,}",
+                 explain_settings(settings, keys), ", ".join(keys),
+                 "it" if len(keys) == 1 else "them")
 
     def _model_config(self, settings: ModelSettings) -> ModelConfig:
         """The model `settings` describe, with the vocabulary the tokenizers decide."""
@@ -368,9 +425,13 @@ class Trainer:
     def fit(self) -> TrainResult:
         """Train until a limit, early stopping or a signal; returns why it stopped."""
         self.clock.start()
+        self.display = RunProgress(self.env.is_main, self.run_progress())
         reason = None
-        while reason is None:
-            reason = self.run_epoch()
+        try:
+            while reason is None:
+                reason = self.run_epoch()
+        finally:
+            self.display.close()
         valid = self._last_valid
         if reason == "signal":
             self.save()
@@ -383,6 +444,15 @@ class Trainer:
                  "BLEU %.2f; checkpoints in %s%s", reason, s.trained_epoch, s.num_updates,
                  f"{s.target_tokens:,}", s.train_time, s.best_bleu, self.ckpt_dir, memory)
         return TrainResult(reason, s, self.losses, valid)
+
+    def run_progress(self, epoch_batches: int | None = None) -> float:
+        """The share of the run done: of its budget, or of its epochs where
+        `trainer.max_epochs` ends it first (`epoch_batches`: the current epoch's batches)."""
+        s, epochs = self.state, self.cfg.trainer.max_epochs
+        if epochs is None:
+            return self.progress
+        within = s.batches_done / epoch_batches if epoch_batches else 0.0
+        return max(self.progress, min(1.0, (s.epoch - 1 + within) / epochs))
 
     def run_epoch(self) -> str | None:
         """Train on the rest of the current epoch, then validate and save numbered
@@ -399,28 +469,25 @@ class Trainer:
             self.log.epoch_draw(s.num_updates, s.epoch, self.data.train.counts(draw))
         batches = self.data.train_batches(s.epoch, self.env.rank, self.env.world_size, draw)
         todo = batches[s.batches_done:]
-        with tqdm(total=math.ceil(len(batches) / uf), initial=math.ceil(s.batches_done / uf),
-                  desc=f"epoch {s.epoch}", unit="update", file=sys.stderr, leave=False,
-                  dynamic_ncols=True, disable=not self.env.is_main or None) as bar:
-            groups = [todo[start:start + uf] for start in range(0, len(todo), uf)]
-            for batches in prefetched(self._collate_group, groups, t.prefetch_batches):
-                if t.max_updates is not None and s.num_updates >= t.max_updates:
-                    return "max_updates"
-                if t.max_target_tokens is not None and s.target_tokens >= t.max_target_tokens:
-                    return "max_target_tokens"
-                reason = self.train_step(batches)
-                if reason is not None:
-                    return reason
-                s.batches_done += len(batches)
-                bar.update()
-                bar.set_postfix(self.log.meter.postfix(), refresh=False)
-                validate = (t.validate_every_updates and s.num_updates != s.last_validation
-                            and s.num_updates % t.validate_every_updates == 0)
-                if validate and self.validate_and_save().early_stop:
-                    return "patience"
-                if (not validate and t.save_every_updates
-                        and s.num_updates % t.save_every_updates == 0):
-                    self.save()  # a kill loses at most save_every_updates updates
+        groups = [todo[start:start + uf] for start in range(0, len(todo), uf)]
+        for group in prefetched(self._collate_group, groups, t.prefetch_batches):
+            if t.max_updates is not None and s.num_updates >= t.max_updates:
+                return "max_updates"
+            if t.max_target_tokens is not None and s.target_tokens >= t.max_target_tokens:
+                return "max_target_tokens"
+            reason = self.train_step(group)
+            if reason is not None:
+                return reason
+            s.batches_done += len(group)
+            self.display.update(self.run_progress(len(batches)), self.clock.elapsed(),
+                                s.num_updates, s.epoch, self.log.meter)
+            validate = (t.validate_every_updates and s.num_updates != s.last_validation
+                        and s.num_updates % t.validate_every_updates == 0)
+            if validate and self.validate_and_save().early_stop:
+                return "patience"
+            if (not validate and t.save_every_updates
+                    and s.num_updates % t.save_every_updates == 0):
+                self.save()  # a kill loses at most save_every_updates updates
         s.epoch, s.batches_done = s.epoch + 1, 0
         if not t.validate_every_epoch:
             self.save()  # the epoch boundary, for resuming
@@ -517,7 +584,8 @@ class Trainer:
             s.bad_in_row = 0
             self.losses.append(loss)
             self.log.update(s.num_updates, s.epoch, loss, gnorm, tokens, lr,
-                            every=self.cfg.trainer.log_every_updates)
+                            every=self.cfg.trainer.log_every_updates,
+                            elapsed=self.clock.elapsed())
         elif self.scaler is not None and math.isfinite(loss):
             log.info("fp16 gradient overflow: update skipped, loss scale now %g",
                      self.scaler.get_scale())
@@ -621,7 +689,7 @@ class Trainer:
             dist.all_gather_object(rngs, ckpt.rng_state())
         return {
             **ckpt.inference_checkpoint(self.model, self.data.tokenizers,
-                                        training_config=self.cfg),
+                                        training_config=self.cfg, run_id=self.run_id),
             "optimizer": self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict(),
             "budget_settings": (asdict(self.budget_settings) if self.budget_settings is not None

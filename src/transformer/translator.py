@@ -43,6 +43,7 @@ from .checkpoint import (
     model_from_checkpoint,
     resolve_checkpoint,
     stored_decoding,
+    stored_run_id,
     stored_training_config,
     tokenizers_from_state,
 )
@@ -383,6 +384,8 @@ class Translator(BaseTranslator):
     """
 
     engine: ClassVar[str] = "torch"
+    run_id: str | None = None  # the training run of its checkpoint(s) (`load`), kept by the
+    # checkpoints written from it (`transformer tune-decoding`, `prune-heads`)
 
     def __init__(self, model: Transformer, tokenizers: TokenizerPair,
                  device: str | torch.device = "cpu", *,
@@ -412,10 +415,11 @@ class Translator(BaseTranslator):
     def load(cls, checkpoint: PathLike | Sequence[PathLike],
              device: str | torch.device = "auto", *,
              quantize: str | None = None) -> Translator:
-        """Load a checkpoint file or run directory; several are averaged (same model config,
-        the first one's tokenizer and settings). `quantize="int8"`: the loaded (averaged)
-        model's linear layers in int8, on the CPU (see `Translator`). Raises CheckpointError
-        or ConfigError with a one-line message."""
+        """Load a checkpoint file or run directory; several are averaged: checkpoints of one
+        training run (same model config, tokenizers and run id; others are refused,
+        `checkpoint.average_weights`), with the first one's settings. `quantize="int8"`: the
+        loaded (averaged) model's linear layers in int8, on the CPU (see `Translator`).
+        Raises CheckpointError or ConfigError with a one-line message."""
         check_quantize(quantize, resolve_device(device))  # before reading the checkpoint
         paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
         files = [resolve_checkpoint(p) for p in paths]
@@ -424,8 +428,11 @@ class Translator(BaseTranslator):
         tokenizers = tokenizers_from_state(state, name)
         model = model_from_checkpoint(state, name)
         check_tokenizers(model.config, tokenizers, name)
-        return cls(model, tokenizers, device, decoding=stored_decoding(state, name),
-                   training_config=stored_training_config(state, name), quantize=quantize)
+        translator = cls(model, tokenizers, device, decoding=stored_decoding(state, name),
+                         training_config=stored_training_config(state, name),
+                         quantize=quantize)
+        translator.run_id = stored_run_id(state)
+        return translator
 
     def _score(self, sources: list[list[int]], targets: list[list[int]], *,
                max_tokens: int) -> list[float]:

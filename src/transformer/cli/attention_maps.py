@@ -20,17 +20,20 @@ import torch
 
 from ..attention_maps import write_attention_maps
 from ..translator import Translator
-from . import report_errors
+from . import command_parser, report_errors
 from .options import add_device_options, check_counts
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--checkpoint", required=True, metavar="RUN_DIR_OR_PT")
+    p = command_parser(__doc__)
+    p.add_argument("--checkpoint", required=True, metavar="RUN_DIR_OR_PT",
+                   help="checkpoint file or run directory (its best checkpoint)")
     p.add_argument("--source", required=True, help="the source sentence")
     p.add_argument("--target", help="the target sentence (default: the model's translation)")
-    p.add_argument("--output-dir", type=Path, required=True)
-    p.add_argument("--beam-size", type=int, default=5, help="for translating the source")
+    p.add_argument("--output-dir", type=Path, required=True,
+                   help="the directory to write the PNGs to (made if missing)")
+    p.add_argument("--beam-size", type=int, default=5,
+                   help="beam size for translating the source (without --target)")
     add_device_options(p)
     return p
 

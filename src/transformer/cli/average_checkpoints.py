@@ -4,8 +4,11 @@
     transformer average-checkpoints a.pt b.pt c.pt -o averaged.pt
 
 With a directory, the newest `--last` numbered checkpoints (checkpoint_<updates>.pt, kept by
-trainer.keep_last) are averaged; checkpoint_last/best are not included. The result keeps the
-first checkpoint's tokenizer, training config and decoding settings
+trainer.keep_last) are averaged; checkpoint_last/best are not included. The checkpoints must
+come from one training run (same model, tokenizers and run id): those of independent runs are
+refused, as the mean of their weights translates badly; combining independently trained
+models is ensembling, which this package does not do. The result keeps their tokenizer and
+run id, and the first checkpoint's training config and decoding settings
 (`checkpoint.average_checkpoints`). `python scripts/average_checkpoints.py` is the same
 command.
 """
@@ -19,16 +22,17 @@ from pathlib import Path
 
 from ..checkpoint import average_checkpoints, numbered_checkpoints, save_checkpoint
 from ..errors import CheckpointError, ConfigError
-from . import report_errors
+from . import command_parser, report_errors
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = command_parser(__doc__)
     p.add_argument("inputs", nargs="+", type=Path,
                    help="checkpoint files, or one checkpoints/ directory")
     p.add_argument("--last", type=int, default=5,
                    help="with a directory: how many of the newest numbered checkpoints")
-    p.add_argument("-o", "--output", type=Path, required=True)
+    p.add_argument("-o", "--output", type=Path, required=True,
+                   help="the averaged checkpoint to write (.pt)")
     return p
 
 

@@ -52,7 +52,7 @@ from ..workflows import (
     count_input,
     resume_point,
 )
-from . import report_errors
+from . import command_parser, report_errors
 from .options import (
     add_chunk_lines,
     add_decoding_options,
@@ -71,8 +71,8 @@ SEED = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0],
+    p = command_parser(
+        __doc__,
         epilog=f"Decoding samples (--sampling-topk {SAMPLING_TOPK} --seed {SEED}) unless "
                f"--beam-size alone asks for beam search. Run the same command again to "
                f"resume an interrupted run.")
@@ -85,10 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_max_tokens(p)
     add_chunk_lines(p)
     corpus = p.add_argument_group("the corpus entry printed at the end")
-    corpus.add_argument("--name", default="bt", help="its name (default bt)")
+    corpus.add_argument("--name", default="bt", help="its name")
     corpus.add_argument("--tag", default="<bt>",
-                        help="the tag in front of its sources (default <bt>; none: no tag)")
-    corpus.add_argument("--weight", type=float, default=1.0, help="its weight (default 1)")
+                        help="the tag in front of its sources (none: no tag)")
+    corpus.add_argument("--weight", type=float, default=1.0, help="its weight")
     corpus.add_argument("--src-lang", metavar="LANG",
                         help="OUT's language: the model must translate into it")
     corpus.add_argument("--tgt-lang", metavar="LANG",

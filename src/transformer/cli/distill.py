@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..workflows import count_input, distill
-from . import report_errors
+from . import command_parser, report_errors
 from .options import (
     add_chunk_lines,
     add_decoding_options,
@@ -48,8 +48,8 @@ NBEST = 8
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0],
+    p = command_parser(
+        __doc__,
         epilog=f"--nbest defaults to {NBEST} (the hypotheses scored by chrF), --beam-size to "
                f"--nbest.")
     add_model_options(p, engines=True)
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the source lines of the kept translations (required with "
                         "--drop-worst)")
     p.add_argument("--drop-worst", type=float, default=0.0, metavar="P",
-                   help="drop the share P in [0, 1) of lines with the lowest chrF (default 0)")
+                   help="drop the share P in [0, 1) of lines with the lowest chrF")
     add_decoding_options(p, sampling=False, alignments=False)
     p.set_defaults(nbest=NBEST)
     add_max_tokens(p)

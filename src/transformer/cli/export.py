@@ -40,29 +40,28 @@ from ..export import QUANTIZATIONS, check_exportable, export_ctranslate2, requir
 from ..hf import export_hf
 from ..translator import Translator
 from ..vocab_map import DEFAULT_ALWAYS, DEFAULT_PER_SOURCE, build_vocab_map
-from . import report_errors
+from . import command_parser, report_errors
 
 FORMATS = ("ctranslate2", "hf")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = command_parser(__doc__)
     p.add_argument("--checkpoint", nargs="+", required=True, metavar="RUN_DIR_OR_PT",
-                   help="checkpoint file or run directory (its best checkpoint); several are "
-                        "averaged")
+                   help="checkpoint file or run directory (its best checkpoint); several (of "
+                        "one training run) are averaged")
     p.add_argument("--output", type=Path, required=True, help="the model directory to write")
     p.add_argument("--format", choices=FORMATS, default="ctranslate2",
-                   help="ctranslate2 (default) or hf (Hugging Face transformers)")
+                   help="ctranslate2 or hf (Hugging Face transformers)")
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="float32",
-                   help="CTranslate2 weight type (default float32)")
+                   help="CTranslate2 weight type")
     p.add_argument("--vocab-map", nargs=2, type=Path, metavar=("SRC", "TGT"),
                    help="a parallel corpus (normally the training files) to count a vocabulary "
                         "map in: CTranslate2 then decodes over candidate target pieces only")
     p.add_argument("--vocab-map-size", type=int, default=DEFAULT_PER_SOURCE, metavar="N",
-                   help=f"candidate target pieces per source piece (default {DEFAULT_PER_SOURCE})")
+                   help="candidate target pieces per source piece")
     p.add_argument("--vocab-map-always", type=int, default=DEFAULT_ALWAYS, metavar="N",
-                   help=f"the N most frequent target pieces are always candidates (default "
-                        f"{DEFAULT_ALWAYS})")
+                   help="the N most frequent target pieces are always candidates")
     return p
 
 

@@ -23,16 +23,19 @@ from tqdm import tqdm
 
 from ..attention_maps import attention_layers
 from ..heads import format_table, head_importance, plot_importance, write_csv
-from . import report_errors
+from . import command_parser, report_errors
 from .options import add_evaluation_options, check_counts, load_for_evaluation
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--checkpoint", required=True, metavar="RUN_DIR_OR_PT")
+    p = command_parser(__doc__)
+    p.add_argument("--checkpoint", required=True, metavar="RUN_DIR_OR_PT",
+                   help="checkpoint file or run directory (its best checkpoint)")
     add_evaluation_options(p)
-    p.add_argument("--beam-size", type=int, default=1, help="for BLEU; 1 = greedy search")
-    p.add_argument("--output-dir", type=Path, default=Path("head_importance"))
+    p.add_argument("--beam-size", type=int, default=1,
+                   help="beam size of the translations BLEU scores; 1 = greedy search")
+    p.add_argument("--output-dir", type=Path, default=Path("head_importance"),
+                   help="the directory to write head_importance.csv and .png to")
     return p
 
 

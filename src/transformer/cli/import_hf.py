@@ -1,4 +1,4 @@
-"""Import a Hugging Face Marian model (OPUS-MT) as a run directory every tool here reads.
+"""Import a Hugging Face Marian model (OPUS-MT) as a run directory every command reads.
 
     transformer import-hf HF_DIR --output RUN_DIR
 
@@ -21,11 +21,11 @@ from pathlib import Path
 from ..checkpoint import BEST, save_checkpoint
 from ..errors import CheckpointError
 from ..hf import import_hf
-from . import report_errors
+from . import command_parser, report_errors
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = command_parser(__doc__)
     p.add_argument("hf_dir", type=Path, metavar="HF_DIR",
                    help="a MarianMTModel directory as save_pretrained writes it")
     p.add_argument("--output", type=Path, required=True, metavar="RUN_DIR",

@@ -42,14 +42,15 @@ def add_model_options(parser: argparse.ArgumentParser, *, several: bool = False,
     parser.add_argument("--checkpoint", nargs="+" if several else None, required=True,
                         metavar="RUN_DIR_OR_PT",
                         help="checkpoint file or run directory (its best checkpoint)"
-                             + ("; several are averaged" if several else "")
+                             + ("; several (of one training run) are averaged" if several
+                                else "")
                              + (", or an export directory (transformer export)"
                                 if engines else ""))
     if engines:
         parser.add_argument("--engine", choices=("auto", *ENGINES), default="auto",
-                            help="auto (default: ctranslate2 for an export directory, else "
-                                 "torch), torch (our PyTorch model) or ctranslate2 (a model "
-                                 "exported by transformer export; needs the export extra)")
+                            help="auto (ctranslate2 for an export directory, else torch), "
+                                 "torch (our PyTorch model) or ctranslate2 (a model exported "
+                                 "by transformer export; needs the export extra)")
     parser.add_argument("--quantize", choices=QUANTIZE,
                         help="int8: our engine's linear layers in int8 (PyTorch's dynamic "
                              "quantization; CPU only), translations close to float32's; "
@@ -60,7 +61,9 @@ def add_model_options(parser: argparse.ArgumentParser, *, several: bool = False,
 
 def add_device_options(parser: argparse.ArgumentParser) -> None:
     """`--device` and `--threads`: where the model runs."""
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    parser.add_argument("--device", default="auto",
+                        help="where the model runs: auto (CUDA if present, else the CPU), cpu, "
+                             "cuda, cuda:1, ...")
     parser.add_argument("--threads", type=int,
                         help="CPU threads (default: the engine's); on a busy shared machine 1 "
                              "can be many times faster, as decoding runs many small operations")
@@ -76,8 +79,7 @@ def add_max_tokens(parser: argparse.ArgumentParser,
 def add_chunk_lines(parser: argparse.ArgumentParser) -> None:
     """`--chunk-lines`: input lines read and translated at a time (memory stays bounded)."""
     parser.add_argument("--chunk-lines", type=int, default=10_000,
-                        help="input lines read, sorted and translated at a time (default "
-                             "10,000)")
+                        help="input lines read, sorted and translated at a time")
 
 
 MAX_COUNT = 2 ** 31 - 1  # threads, tokens or lines at a time: beyond any machine
@@ -124,17 +126,21 @@ def add_decoding_options(parser: argparse.ArgumentParser, *, nbest: bool = True,
     write (`decoding_request` takes the default of an option the parser lacks). `seed`: the
     default `--seed`'s help names (a command whose default is not the request's 0 fills it
     in itself)."""
-    p = parser
+    p, default = parser, DecodingSettings()
     p.add_argument("--beam-size", type=int,
-                   help="default: the checkpoint's chosen beam size, else 5")
+                   help=f"hypotheses kept at each step (default: the checkpoint's chosen beam "
+                        f"size, else {default.beam_size})")
     if nbest:
         p.add_argument("--nbest", type=int, default=1, help="translations per input line")
     p.add_argument("--alpha", type=float,
-                   help="length-penalty exponent (GNMT); 0 ranks by plain log-prob (default: "
-                        "the checkpoint's chosen alpha, else 1.0)")
+                   help=f"length-penalty exponent (GNMT); 0 ranks by plain log-prob (default: "
+                        f"the checkpoint's chosen alpha, else {default.alpha})")
     p.add_argument("--max-len-a", type=float,
-                   help="outputs have at most a * source_len + b tokens (default 1.5)")
-    p.add_argument("--max-len-b", type=int, help="(default 10)")
+                   help=f"outputs have at most a * source_len + b tokens (default: the "
+                        f"checkpoint's, else {default.max_len_a})")
+    p.add_argument("--max-len-b", type=int,
+                   help=f"the b of that limit (default: the checkpoint's, else "
+                        f"{default.max_len_b})")
     p.add_argument("--target-lang", metavar="LANG",
                    help="the language to translate into, e.g. de: required by a multilingual "
                         "model (one of those it was trained for); a bilingual one takes its "
@@ -146,8 +152,8 @@ def add_decoding_options(parser: argparse.ArgumentParser, *, nbest: bool = True,
         drawn.add_argument("--sampling-topp", type=float, metavar="P",
                            help="draw from the most likely tokens that make up probability P")
         drawn.add_argument("--temperature", type=float, metavar="T",
-                           help="divide the logits by T before drawing (default 1)")
-        drawn.add_argument("--seed", type=int, help=f"seed of the draws (default {seed})")
+                           help="divide the logits by T before drawing (default: 1)")
+        drawn.add_argument("--seed", type=int, help=f"seed of the draws (default: {seed})")
     if not alignments:
         return
     aligned = p.add_argument_group("alignments")
@@ -155,7 +161,7 @@ def add_decoding_options(parser: argparse.ArgumentParser, *, nbest: bool = True,
                          help="add each translation's word alignment (i-j pairs) after a tab")
     aligned.add_argument("--alignment-layer", type=int, metavar="L",
                          help="decoder layer whose encoder-decoder attention aligns "
-                              "(default -1: the last)")
+                              "(default: -1, the last)")
     aligned.add_argument("--alignment-head", type=int, metavar="H",
                          help="one head of that layer (default: the average over heads)")
 

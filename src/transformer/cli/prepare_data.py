@@ -1,6 +1,7 @@
 """Prepare a run's data without training: its tokenizer and memory-mapped stores.
 
     transformer prepare-data [the same overrides as transformer train] hydra.run.dir=runs/x
+    transformer prepare-data --help      # the presets and every key, as transformer train's
 
 Takes the training command's configuration and run directory: it finds or trains the
 SentencePiece model (on a sample of at most data.spm_max_sentences pairs) and streams every

@@ -24,13 +24,14 @@ from pathlib import Path
 from ..checkpoint import inference_checkpoint, save_checkpoint
 from ..errors import ConfigError
 from ..heads import gradient_importance, heads_to_prune, teacher_forced_batches
-from . import report_errors
+from . import command_parser, report_errors
 from .options import add_evaluation_options, check_counts, load_for_evaluation
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--checkpoint", required=True, metavar="RUN_DIR_OR_PT")
+    p = command_parser(__doc__)
+    p.add_argument("--checkpoint", required=True, metavar="RUN_DIR_OR_PT",
+                   help="checkpoint file or run directory (its best checkpoint)")
     p.add_argument("--fraction", type=float, required=True,
                    help="fraction of all heads to remove, in [0, 1)")
     p.add_argument("--output", type=Path, required=True, help="the pruned checkpoint (.pt)")
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> None:
           f"sentences); parameters {before:,} -> {model.num_parameters():,}")
     save_checkpoint(inference_checkpoint(
         model, translator.tokenizers, training_config=translator.training_config,
-        decoding=translator.decoding,
+        decoding=translator.decoding, run_id=translator.run_id,
         head_importance={k: v.tolist() for k, v in importance.items()},
         pruned_from=str(args.checkpoint)), args.output)
     print(f"wrote {args.output}")

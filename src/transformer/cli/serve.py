@@ -16,16 +16,16 @@ import logging
 from collections.abc import Sequence
 
 from ..errors import require
-from . import report_errors
+from . import command_parser, report_errors
 from .options import add_model_options, check_counts, load_model
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = command_parser(__doc__)
     add_model_options(p, engines=True)  # attention maps need the torch engine
     p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
+                   help="address to listen on (0.0.0.0: every network interface)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument("--access-log", action="store_true", help="log every request")
     return p
 

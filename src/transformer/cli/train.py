@@ -7,9 +7,12 @@
     transformer train --config-dir my_configs experiment=mine   # your own preset
     torchrun --nproc-per-node=2 -m transformer train hydra.run.dir=runs/ddp ...
 
-The configs are the package's (`transformer train --cfg job` prints the composed one); the
-run directory is Hydra's (`hydra.run.dir=...`), and a run directory with
-checkpoints/checkpoint_last.pt is resumed. `python scripts/train.py` is the same command.
+The configs are the package's: `transformer train [ARGS ...] --help` lists the presets and
+every key with its default and meaning, `--cfg job` prints the composed config. The run
+directory is Hydra's (`hydra.run.dir=...`), and a run directory with
+checkpoints/checkpoint_last.pt is resumed; a run that stops on a bad value before its first
+checkpoint removes the run directory it created. `python scripts/train.py` is the same
+command.
 """
 
 from __future__ import annotations

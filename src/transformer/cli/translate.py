@@ -55,7 +55,7 @@ from ..errors import ConfigError, DataError
 from ..files import atomic_write
 from ..text import count_lines, iter_lines, read_lines
 from ..translator import BaseTranslator
-from . import report_errors
+from . import command_parser, report_errors
 from .options import (
     add_chunk_lines,
     add_decoding_options,
@@ -70,7 +70,7 @@ from .reports import bleu_report, paper_protocol, progress_bar, score_lines, tra
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = command_parser(__doc__)
     add_model_options(p, several=True, engines=True)
     p.add_argument("--input", type=Path, help="input file (default: standard input)")
     p.add_argument("--output", type=Path, help="output file (default: standard output)")

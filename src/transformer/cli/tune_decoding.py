@@ -40,12 +40,12 @@ from ..evaluation import (
 )
 from ..search import DEFAULT_MAX_TOKENS
 from ..translator import Translator
-from . import report_errors
+from . import command_parser, report_errors
 from .options import add_evaluation_options, check_counts
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = command_parser(__doc__)
     p.add_argument("run", type=Path, help="run directory (or its checkpoints/ folder)")
     p.add_argument("-o", "--output", type=Path, required=True,
                    help="where to write the chosen (averaged) checkpoint")
@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="numbers of newest checkpoints to average")
     p.add_argument("--alpha", type=float, nargs="+", default=[1.0, 1.5, 2.0, 2.5, 3.0],
                    help="length-penalty exponents to try")
-    p.add_argument("--beam-size", type=int, default=5)
+    p.add_argument("--beam-size", type=int, default=5,
+                   help="beam size of every trial, stored in the chosen checkpoint")
     add_evaluation_options(p, splits=("valid",), max_tokens=DEFAULT_MAX_TOKENS)
     return p
 
@@ -94,7 +95,8 @@ def run(args: argparse.Namespace) -> None:
     decoding = dataclasses.replace(chosen.decoding, alpha=best.alpha, beam_size=args.beam_size)
     save_checkpoint(inference_checkpoint(
         chosen.model, chosen.tokenizers, training_config=chosen.training_config,
-        decoding=decoding, averaged_from=[str(p) for p in best.checkpoints],
+        decoding=decoding, run_id=chosen.run_id,
+        averaged_from=[str(p) for p in best.checkpoints],
         valid_bleu=best.bleu), args.output)
     print(f"chosen: the average of the last {len(best.checkpoints)} checkpoint(s), alpha "
           f"{best.alpha:g}: validation BLEU {best.bleu:.2f}")
