@@ -13,15 +13,16 @@ with `git clone https://github.com/Helsinki-NLP/OPUS-MT-testsets`):
 
     python bench/own_data.py prepare --testsets OPUS-MT-testsets --out runs/own
     python bench/own_data.py train --out runs/own --corpus tatoeba --tokens 4000000 \\
-        --arms default multi30k batch_4k dropout_0.2
+        --arms default multi30k batch_2k_d0.2 batch_4k_d0.1
 
 Every arm trains `transformer train data=files` on the corpus's files for the same budget of
 target tokens (`trainer.max_target_tokens`: the same training on every machine), then
 translates the test set with its last checkpoint (beam 5, alpha 1.0): cased sacreBLEU and
 chrF. `default` is the package's plan (nothing set); `multi30k` the Multi30k preset's
-settings on the same files (`experiment=multi30k`); the other arms set values by hand
-(`ARMS`). A finished arm is scored again without training. Results: OUT/results.json and a
-table.
+settings on the same files (`experiment=multi30k`); `multi30k_preset` (for the corpus
+`multi30k` only) the Multi30k preset itself on Multi30k's own files (`data=multi30k
+data.root=DIR`); the other arms set values by hand (`ARMS`). A finished arm is scored
+again without training. Results: OUT/results.json and a table.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def sweep(batch: int, dropout: float, lr: float, *extra: str) -> list[str]:
 ARMS = {
     "default": [],
     "multi30k": ["experiment=multi30k"],
+    "multi30k_preset": [],  # the corpus multi30k only: the preset itself, data=multi30k
     "batch_1k_d0.1": sweep(1024, 0.1, 0.0014),
     "batch_2k_d0.1": sweep(2048, 0.1, 0.002),
     "batch_2k_d0.2": sweep(2048, 0.2, 0.002),
@@ -68,6 +70,7 @@ ARMS = {
     "small_2k_d0.2": sweep(2048, 0.2, 0.001, "model=small"),
     "small_4k_d0.1": sweep(4096, 0.1, 0.0014, "model=small"),
 }
+PLANNED = ("default", "multi30k", "multi30k_preset")  # the arms that set nothing by hand
 # What every hand-set arm shares with the plan: warmup 15% of the planned updates (at most
 # 2,000), the cooldown over the last 20% of the budget.
 SWEEP_SCHEDULE = ["optim.warmup_updates=2000", "optim.warmup_fraction=0.15", "optim.cooldown=0.2"]
@@ -207,13 +210,15 @@ def train(args: argparse.Namespace) -> None:
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     for arm in args.arms:
         run_dir = out / arm
-        overrides = ARMS[arm] if arm in ("default", "multi30k") else [*ARMS[arm],
-                                                                       *SWEEP_SCHEDULE]
+        overrides = ARMS[arm] if arm in PLANNED else [*ARMS[arm], *SWEEP_SCHEDULE]
+        source = files(data)
+        if arm == "multi30k_preset":  # Multi30k's own preset on its own files
+            source = [f"data.root={args.multi30k.resolve()}"]
         seconds = results.get(arm, {}).get("seconds")
         if stopped(run_dir) is None:
             start = time.time()
             run([sys.executable, "-m", "transformer", "train", f"hydra.run.dir={run_dir}",
-                 *files(data), f"trainer.max_target_tokens={args.tokens}",
+                 *source, f"trainer.max_target_tokens={args.tokens}",
                  "trainer.max_updates=null", "trainer.max_time=null", "trainer.max_epochs=null",
                  f"trainer.validate_every_updates={args.validate_every}",
                  "trainer.validate_every_epoch=false", "trainer.validate_after_budget=0",
@@ -247,6 +252,8 @@ def main() -> None:
     t.add_argument("--validate-every", type=int, default=500,
                    help="validation every N updates (greedy BLEU on the validation set)")
     t.add_argument("--extra", nargs="*", default=[], help="more overrides for every arm")
+    t.add_argument("--multi30k", type=Path, default=HERE.parent.parent / "shared/data/multi30k",
+                   help="Multi30k's raw files, for the arm multi30k_preset")
     args = parser.parse_args()
     prepare(args) if args.command == "prepare" else train(args)
 

@@ -116,6 +116,21 @@ def test_a_time_budget_plans_from_the_measured_speed():
     assert s.plan.warmup_updates == 64  # still in the warmup: planned again
 
 
+def test_the_plan_is_logged_again_only_when_it_stays_changed(caplog):
+    """A plan that moves for one interval (a validation's seconds) is not logged; one that
+    stays moved (the machine became slower) is, once."""
+    s = schedule_of("trainer.max_time=10000")
+    seconds = 0.0
+    with caplog.at_level(logging.INFO, logger="transformer.schedule"):
+        for n in range(1, 1001):
+            s.observe(n - 1, 100.0 * (n - 1), seconds)
+            seconds += (1.0 if n <= 600 else 2.0) + (20.0 if n == 300 else 0.0)
+    plans = [r.getMessage() for r in caplog.records if r.getMessage().startswith("plan:")]
+    assert len(plans) == 2, plans
+    assert plans[0].startswith("plan: at update 10, budget 10,000 s = ~10,000 updates;")
+    assert plans[1].startswith("plan: at update 700, budget 10,000 s = ~5,290 updates;")
+
+
 @pytest.mark.parametrize("override, message", [
     ("optim.cooldown=1.5", "optim.cooldown must be a share of the budget in [0, 1]"),
     ("optim.warmup_fraction=0", "optim.warmup_fraction must be in (0, 1] or null"),

@@ -356,6 +356,7 @@ class Schedule:
         self._built: tuple[int, Callable[[int], float]] | None = None  # (warmup, schedule)
         self._logged: int | None = None  # the planned updates of the plan logged last
         self._logged_timed = False  # whether a plan with its end in time was logged
+        self._moved = False  # whether the last plan was LOGGED_CHANGE away from the logged
         if self.budget.updates_only:
             self._replan(0, self.budget.max_updates)
 
@@ -416,18 +417,20 @@ class Schedule:
         """Record a new forecast; choose the warmup on the first one, and again while
         the run is still inside it (never shorter than what it has done). The plan is
         logged when it is first made, when its end can first be timed, and when its updates
-        move by more than `LOGGED_CHANGE` from the plan logged last."""
+        stay more than `LOGGED_CHANGE` away from the plan logged last for two plans in a row
+        (one interval slowed by a validation moves one plan only)."""
         self.plan.planned_updates = planned
         fraction = self.optim.warmup_fraction
         if fraction is not None and num_updates < self.plan.warmup_updates:
             warmup = min(self.optim.warmup_updates, round(fraction * planned))
             self.plan.warmup_updates = max(warmup, num_updates + 1)
-        timed = seconds_per_update is not None
-        logged = self._logged
-        if (logged is None or (timed and not self._logged_timed)
-                or abs(planned - logged) > LOGGED_CHANGE * logged):
+        timed, logged = seconds_per_update is not None, self._logged
+        moved = logged is not None and abs(planned - logged) > LOGGED_CHANGE * logged
+        if logged is None or (timed and not self._logged_timed) or (moved and self._moved):
             self._logged, self._logged_timed = planned, self._logged_timed or timed
             log.info("plan: %s", self.describe(num_updates, seconds_per_update))
+            moved = False
+        self._moved = moved
 
     def describe(self, num_updates: int, seconds_per_update: float | None = None) -> str:
         """The plan in words: the budget, the updates it allows, the warmup, where the
