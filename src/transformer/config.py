@@ -490,7 +490,8 @@ class OptimConfig:
     no such bound."""
     cooldown: float = 0.2
     """The last share of the budget (updates, tokens or time), over which the learning rate
-    decays linearly to 0 when the budget runs out; 0: none (`schedule.py`)."""
+    decays linearly to 0 when the budget runs out; 0: none (`schedule.py`), refused with a
+    time limit (it would stop the run at the learning rate of that moment)."""
     cooldown_updates: int = 0
     """The last N of trainer.max_updates decay linearly to ~0, instead of cooldown; 0:
     none."""
@@ -553,15 +554,18 @@ class TrainerConfig:
     """CUDA: let SDPA choose its cuDNN kernel (false: flash or memory-efficient only; cuDNN
     builds a graph per shape)."""
     max_epochs: int | None = None
-    """A limit in epochs; null: none. Training stops at the first limit reached; a run that
-    sets none trains on `schedule.default_budget`'s."""
+    """A limit in epochs; null: none. Training stops at the first limit reached; the
+    schedule is fitted to the others (the budget), not to this one."""
     max_updates: int | None = None
-    """A limit in updates; null: none."""
+    """A limit in updates; null: none. A run with no limit in updates, target tokens or
+    time trains for the default budget (schedule.default_budget: 100 epochs, at most 61M
+    target tokens and 5,300 s)."""
     max_time: float | None = None
-    """A limit in seconds of training, summed over resumed runs; null: none."""
+    """A limit in seconds of training, summed over resumed runs; null: none (see
+    max_updates)."""
     max_target_tokens: int | None = None
     """A limit in target tokens trained on (all ranks), summed over resumed runs; null:
-    none."""
+    none (see max_updates)."""
     validate_every_updates: int = 0
     """Also validate every N updates; 0: only after epochs."""
     validate_after_updates: int = 0
