@@ -499,6 +499,11 @@ def test_smoke_limited_by_time_alone_ends_annealed(tmp_path, multi30k_dir):
     assert lrs[-1] <= 0.1 * cfg.optim.lr and lrs[-1] < 0.1 * max(lrs)
 
 
+SMALL_MODEL = ["model.num_hiddens=32", "model.ffn_num_hiddens=64", "model.num_heads=2",
+               "model.num_encoder_layers=1", "model.num_decoder_layers=1",
+               "trainer.precision=fp32", "trainer.prefetch_batches=0"]
+
+
 @pytest.fixture
 def own_files(multi30k_lines, tmp_path) -> list[str]:
     """A tiny corpus of one's own: 40 training pairs, 8 validation pairs, as plain files."""
@@ -517,11 +522,19 @@ def test_own_files_with_no_limit_train_for_the_default_budget_and_say_when_they_
     """`data=files` with the four paths and nothing else (the model shrunk, so the test is
     quick): the run gets the default budget, 100 epochs of its corpus, logs it, its
     settings and their reasons, a plan with the time it will take within its first updates,
-    and stops by itself, annealed."""
-    small_model = ["model.num_hiddens=32", "model.ffn_num_hiddens=64", "model.num_heads=2",
-                   "model.num_encoder_layers=1", "model.num_decoder_layers=1",
-                   "trainer.precision=fp32", "trainer.prefetch_batches=0"]
-    result = train(compose_config(own_files + small_model), tmp_path / "run")
+    and stops by itself, annealed. Killed and started again with the same command, a run
+    keeps the budget, vocabulary and settings it chose, and ends with the same losses."""
+    cfg = compose_config(own_files + SMALL_MODEL)
+    result = train(cfg, tmp_path / "run")
+    first = simulated_trainer(cfg, tmp_path / "killed", lambda update: 0.0, stop_after=20)
+    assert first.fit().stop_reason == "signal"
+    first.close()
+    second = Trainer(cfg, tmp_path / "killed", DistEnv())
+    assert second.cfg == first.cfg and second.cfg.trainer.max_target_tokens is not None
+    rest = second.fit()
+    second.close()
+    assert rest.stop_reason == "max_target_tokens"
+    assert first.losses + rest.losses == result.losses
     log_text = (tmp_path / "run/train.log").read_text()
     budget = next(line for line in log_text.splitlines() if "| budget: " in line)
     epoch_tokens = int(budget.split("corpus's ")[1].split(" target")[0].replace(",", ""))
