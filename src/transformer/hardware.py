@@ -1,0 +1,230 @@
+"""What this machine is, how many threads compute, and every measured constant that picks a
+kernel or a size on it: the package's one place of hardware knowledge.
+
+- **The CPU**: `cpu_info` (a field of /proc/cpuinfo's first processor), `cpu_vendor`,
+  `cpu_has_amx`, `cpu_has_native_bf16` (AVX512-BF16 or AMX: bf16 autocast pays there),
+  `float32_library` (whose matrix products are faster here: MKL's BLAS or oneDNN).
+- **Threads**: `set_threads`, the one call of `torch.set_num_threads` in the package, and
+  `threads_set_to`, which sets and restores them around a block (a decoding worker's one
+  thread).
+- **The tuning table**: `TUNING`, one frozen `Tuning` of every constant a measurement chose
+  (the attention paths' thresholds, int8's chunk sizes, decoding's batch rows, the cache's
+  pool, the fused loss's chunks), detected once per process where it depends on the CPU or
+  on PyTorch's build. `MEASURED` says, for each, what it decides, the CPUs it was measured
+  on and the docs/RESULTS.md section with the numbers. Code reads `TUNING` when it runs, so
+  a test swaps the whole table (the `tuning` fixture of tests/conftest.py) instead of
+  patching constants one by one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["cpu_info", "cpu_vendor", "cpu_has_amx", "cpu_has_native_bf16", "float32_library",
+           "set_threads", "threads_set_to", "Tuning", "Measured", "MEASURED", "TUNING",
+           "detect_tuning"]
+
+
+# ---- the CPU ----------------------------------------------------------------------------
+
+
+def cpu_info(field: str, path: str = "/proc/cpuinfo") -> str | None:
+    """A field of the first processor in Linux's /proc/cpuinfo ("vendor_id", "model name",
+    "model", "flags"), matched by its whole name ("model" is not "model name"); None where
+    that cannot be read."""
+    return _first_processor(path).get(field)
+
+
+@functools.cache
+def _first_processor(path: str) -> dict[str, str]:
+    """The fields of the first processor's block of a cpuinfo file, read once per process
+    (the CPU does not change while it runs); empty where the file cannot be read."""
+    found = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                if not line.strip():  # the first block ends
+                    break
+                key, _, value = line.partition(":")
+                found[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return found
+
+
+def cpu_vendor() -> str | None:
+    """The CPU's vendor as the processor names itself ("GenuineIntel", "AuthenticAMD"), None
+    where that cannot be read. MKL runs its AVX-512 kernels on Intel's CPUs only, so which
+    library multiplies fastest depends on it."""
+    return cpu_info("vendor_id")
+
+
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles (Intel Xeon from Sapphire Rapids on): int8 and bf16
+    matrix products in hardware, which oneDNN's kernels use."""
+    return getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively: AVX512-BF16 or AMX tiles, as
+    PyTorch's CPU capability probes report them. Elsewhere oneDNN emulates bf16 through
+    float32 and autocast only slows training down."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
+def float32_library() -> str:
+    """Which library multiplies float32 inference products on this CPU: "blas" (MKL) on
+    Intel's CPUs, "onednn" elsewhere (on AMD's, MKL runs slower kernels), and "blas" where
+    PyTorch was built without oneDNN. CTranslate2 chooses between the two libraries by the
+    same rule."""
+    if not (torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return "blas"
+    return "blas" if cpu_vendor() == "GenuineIntel" else "onednn"
+
+
+# ---- threads ----------------------------------------------------------------------------
+
+
+def set_threads(threads: int) -> None:
+    """Compute with `threads` CPU threads from now on (PyTorch's intra-op threads: for the
+    process, and for the calling thread's own operators under OpenMP)."""
+    torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def threads_set_to(threads: int) -> Iterator[None]:
+    """`set_threads(threads)` for the block, then the count it had before."""
+    before = torch.get_num_threads()
+    set_threads(threads)
+    try:
+        yield
+    finally:
+        set_threads(before)
+
+
+# ---- the measured constants -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Every measured constant that picks a kernel, a library or a size (what each decides,
+    where it was measured: `MEASURED`)."""
+
+    short_softmax_keys: int = 16
+    small_bmm_products: int = 400
+    fused_attention_min_keys: int = 48
+    float32_library: str = "blas"
+    int8_onednn: bool = False
+    int8_max_outputs: int = 2 ** 19
+    int8_onednn_min_outputs: int = 2048
+    int8_onednn_chunk_rows: int = 130
+    decode_max_rows: int = 1024
+    topk_block: int = 128
+    cache_pool_bytes: int = 2 ** 30
+    ct2_sub_batch_tokens: int = 1024
+    ct2_mapped_sub_batch_tokens: int = 256
+    loss_min_chunk_rows: int = 512
+    loss_chunk_logits_cpu: int = 2 ** 22
+    loss_chunk_logits_gpu: int = 2 ** 26
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a constant of `Tuning` decides, the CPUs it was measured on, and the section of
+    docs/RESULTS.md that holds the measurements."""
+
+    decides: str
+    measured_on: str
+    results: str
+
+
+_ENGINES = "Engines on every CPU"
+_UNNAMED = "the 2-core machine of its entry (the entry does not name the CPU)"
+MEASURED = {
+    "short_softmax_keys": Measured(
+        "CPU inference computes softmax over rows shorter than this as exp(x - max) / sum: "
+        "PyTorch's kernel takes 3-7x as long there (decoding's first steps)",
+        "AMD EPYC Zen 4",
+        f"{_ENGINES} > An AMD EPYC (Zen 4): softmax and weighted values over few keys"),
+    "small_bmm_products": Measured(
+        "CPU inference multiplies weights x values with fewer multiply-adds per matrix than "
+        "this as a sum of products: PyTorch's bmm is 1.7-4.8x slower there",
+        "AMD EPYC Zen 4",
+        f"{_ENGINES} > An AMD EPYC (Zen 4): softmax and weighted values over few keys"),
+    "fused_attention_min_keys": Measured(
+        "attention over fewer keys than this takes the explicit path on a CPU: the fused "
+        "kernel loses to two bmm's there (16 keys 2.0x slower, 64 keys 0.9x)",
+        _UNNAMED, "Measurements behind code choices"),
+    "float32_library": Measured(
+        "the library of float32 inference products: MKL's BLAS on Intel's CPUs (1.2-5x "
+        "faster than oneDNN at a decoding step's small products), oneDNN elsewhere (1.4-2.3x "
+        "faster than MKL on AMD's from 150 rows on); detected from the CPU's vendor",
+        "Intel Xeon (AMX), AMD EPYC Zen 4, Zen 5",
+        f"{_ENGINES} > An Intel Xeon with AMX: MKL for float32"),
+    "int8_onednn": Measured(
+        "whether int8's wide layers can run oneDNN's kernels: PyTorch's build has the "
+        "oneDNN quantized engine; detected", "every CPU",
+        f"{_ENGINES} > The int8 output projection through oneDNN on every CPU"),
+    "int8_max_outputs": Measured(
+        "outputs (rows x features) per call of an FBGEMM int8 layer: its kernels take 2-8x "
+        "longer per row past ~2-4 MB of float32 output",
+        "AMD EPYC Zen 5",
+        f"{_ENGINES} > Batches of rows, CTranslate2's stopping rule, and int8 in row chunks"),
+    "int8_onednn_min_outputs": Measured(
+        "int8 layers with at least this many outputs (the output projection) run oneDNN's "
+        "kernels, faster than FBGEMM's at a decoding step's hundreds of rows",
+        "AMD EPYC Zen 4, its kernels held to AVX-512 with and without VNNI and to AVX2; "
+        "Intel Xeon (AMX)",
+        f"{_ENGINES} > The int8 output projection through oneDNN on every CPU"),
+    "int8_onednn_chunk_rows": Measured(
+        "rows per chunk in which beam search consumes a oneDNN int8 layer's logits: a "
+        "chunk's logits stay in the caches for their log-softmax and top-k",
+        "AMD EPYC Zen 4",
+        f"{_ENGINES} > The int8 output projection through oneDNN on every CPU"),
+    "decode_max_rows": Measured(
+        "rows (sentences x beam) per decoding batch, at the most: fewer rows weigh a step's "
+        "fixed costs more, many more outgrow the CPU's caches in the copied caches",
+        "AMD EPYC Zen 5",
+        f"{_ENGINES} > Batches of rows, CTranslate2's stopping rule, and int8 in row chunks"),
+    "topk_block": Measured(
+        "columns per block of beam search's two-pass top-k over beam x vocabulary",
+        _UNNAMED, "Decoding: our engine's speed, its search and its modes"),
+    "cache_pool_bytes": Measured(
+        "bytes of finished decoding caches' buffers kept for the next ones to write into "
+        "(fresh memory costs a page fault per page on its first write): two batches' caches",
+        "AMD EPYC Zen 4",
+        f"{_ENGINES} > The cache's memory reused between batches"),
+    "ct2_sub_batch_tokens": Measured(
+        "source tokens per CTranslate2 sub-batch: larger ones make larger matrix products",
+        _UNNAMED, "Engines: ours vs CTranslate2"),
+    "ct2_mapped_sub_batch_tokens": Measured(
+        "the same with a vocabulary map: smaller sub-batches score fewer candidates",
+        _UNNAMED, "Engines: ours vs CTranslate2"),
+    "loss_min_chunk_rows": Measured(
+        "rows per chunk of the fused output projection and loss, at the least: fewer make "
+        "the gradient's (vocab, rows) x (rows, d) product too thin at a large vocabulary",
+        _UNNAMED, "Measurements behind code choices"),
+    "loss_chunk_logits_cpu": Measured(
+        "logits per chunk of the fused loss on a CPU (~16 MB: the chunk stays in cache)",
+        _UNNAMED, "Measurements behind code choices"),
+    "loss_chunk_logits_gpu": Measured(
+        "logits per chunk of the fused loss on a GPU (a batch in one or two chunks: each "
+        "launches ~10 kernels)", "NVIDIA H200", "The CUDA path"),
+}
+
+
+def detect_tuning() -> Tuning:
+    """The table for this process: the measured constants, with what depends on the CPU
+    and on PyTorch's build detected."""
+    return Tuning(float32_library=float32_library(),
+                  int8_onednn="onednn" in torch.backends.quantized.supported_engines)
+
+
+TUNING = detect_tuning()
