@@ -1,7 +1,7 @@
 """Benchmark: forward+backward time and peak memory of multi-head self-attention.
 
 Rows, all measured in the same run, alternating so machine noise hits each alike:
-  (a) ours    transformer.attention.MultiHeadAttention, fused (SDPA) path
+  (a) ours    transformer.model.attention.MultiHeadAttention, fused (SDPA) path
   (b) book    the book's naive version: separate bmm + masked softmax + bmm
   (c) torch   torch.nn.MultiheadAttention
 float32 on CPU, self-attention with padding (valid_lens / key_padding_mask).
@@ -24,7 +24,7 @@ import torch
 from memory import reset_peak_rss, status_mib  # bench/memory.py
 from torch import nn
 
-from transformer.attention import MultiHeadAttention
+from transformer.model.attention import MultiHeadAttention
 
 SHAPES = {"short": (64, 32, 256, 4), "long": (4, 1024, 512, 8)}  # batch, len, hiddens, heads
 

@@ -84,7 +84,7 @@ from corpora import (
 )
 
 import transformer
-from transformer.schedule import Budget, budget_settings
+from transformer.training.schedule import Budget, budget_settings
 
 HERE = Path(__file__).resolve().parent
 ARMS = ("reverse", "baseline", "bt_tagged", "bt_untagged", "bt_beam", "bt_finetune")

@@ -28,10 +28,10 @@ from engines import DEFAULT_CHECKPOINT, cpu_description  # bench/engines.py
 from torch import Tensor
 from torch.nn import functional as F
 
-from transformer.attention import key_padding_mask
-from transformer.blocks import LayerCache
-from transformer.model import Transformer
-from transformer.translator import Translator
+from transformer.decoding.translator import Translator
+from transformer.model.attention import key_padding_mask
+from transformer.model.blocks import LayerCache
+from transformer.model.transformer import Transformer
 
 BEAM = 5
 # (sentences, cached steps, source length): one input alone; a batch of long inputs as it

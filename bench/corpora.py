@@ -33,7 +33,7 @@ from pathlib import Path
 
 import sacrebleu
 
-from transformer.schedule import Budget, budget_settings
+from transformer.training.schedule import Budget, budget_settings
 
 HERE = Path(__file__).resolve().parent
 LANGS = ("de", "fr", "cs")

@@ -27,12 +27,12 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from transformer.attention import MultiHeadAttention
-from transformer.config import compose_config
-from transformer.loss import LabelSmoothedLoss
-from transformer.model import ModelConfig, Transformer
-from transformer.ops import linear_label_smoothed_cross_entropy
-from transformer.translator import Translator
+from transformer.decoding.translator import Translator
+from transformer.model.attention import MultiHeadAttention
+from transformer.model.layers import linear_label_smoothed_cross_entropy
+from transformer.model.loss import LabelSmoothedLoss
+from transformer.model.transformer import ModelConfig, Transformer
+from transformer.run.config import compose_config
 
 FAILED: list[str] = []
 

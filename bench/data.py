@@ -20,12 +20,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from transformer.batching import padding_ratio
-from transformer.config import DataConfig
-from transformer.data import load_data, resolve_files
-from transformer.multi30k import DEFAULT_ROOT
-from transformer.text import read_parallel
-from transformer.tokenizer import Tokenizer
+from transformer.data.batching import padding_ratio
+from transformer.data.multi30k import DEFAULT_ROOT
+from transformer.data.text import read_parallel
+from transformer.data.tokenizer import Tokenizer
+from transformer.run.config import DataConfig
+from transformer.run.data import load_data, resolve_files
 
 IMPORT_S = time.perf_counter() - START
 CACHED_TARGET_S = 2.0

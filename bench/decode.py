@@ -34,12 +34,12 @@ from pathlib import Path
 import torch
 from memory import reset_peak_rss, status_mib  # bench/memory.py
 
-from transformer.model import ModelConfig, Transformer
-from transformer.multi30k import DEFAULT_ROOT, download_multi30k
-from transformer.search import DEFAULT_MAX_TOKENS
-from transformer.text import read_lines
-from transformer.tokenizer import EOS_ID, Tokenizer, TokenizerPair
-from transformer.translator import Translator
+from transformer.data.multi30k import DEFAULT_ROOT, download_multi30k
+from transformer.data.text import read_lines
+from transformer.data.tokenizer import EOS_ID, Tokenizer, TokenizerPair
+from transformer.decoding.search import DEFAULT_MAX_TOKENS
+from transformer.decoding.translator import Translator
+from transformer.model.transformer import ModelConfig, Transformer
 
 SMALL = dict(num_hiddens=256, ffn_num_hiddens=1024, num_heads=4, num_encoder_layers=3,
              num_decoder_layers=3)

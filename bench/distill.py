@@ -75,7 +75,11 @@ REPEATS = 3
 
 def parameters(checkpoint: Path) -> int:
     """The parameters of the model in `checkpoint` (a file or a run directory)."""
-    from transformer.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
+    from transformer.run.checkpoint import (
+        load_checkpoint,
+        model_from_checkpoint,
+        resolve_checkpoint,
+    )
 
     path = resolve_checkpoint(checkpoint)
     return model_from_checkpoint(load_checkpoint(path), path).num_parameters()
@@ -84,8 +88,8 @@ def parameters(checkpoint: Path) -> int:
 def planned_parameters(overrides: list[str]) -> int:
     """The parameters of the model `transformer train` builds with `overrides`, its
     vocabulary of `data.vocab_size` pieces."""
-    from transformer.config import compose_config
-    from transformer.model import Transformer
+    from transformer.model.transformer import Transformer
+    from transformer.run.config import compose_config
 
     config = compose_config(overrides)
     size = config.data.vocab_size
@@ -134,7 +138,7 @@ def score(checkpoint: Path, folder: Path, root: Path) -> dict:
 def speed(checkpoint: Path, folder: Path, root: Path, threads: int) -> dict:
     """Sentences/s (and BLEU) of the int8 export of `checkpoint` on the test set, per
     search, the best of `REPEATS` runs after a warm-up."""
-    from transformer.engines import load_translator
+    from transformer.deploy.engines import load_translator
 
     export = export_int8(checkpoint, folder / "ct2-int8")
     translator = load_translator(export, "ctranslate2", device="cpu", threads=threads)

@@ -67,15 +67,15 @@ import sacrebleu
 import torch
 from memory import reset_peak_rss, status_mib  # bench/memory.py
 
-from transformer.engines import load_translator
-from transformer.export import VOCAB_MAP, export_ctranslate2
-from transformer.model import Transformer
-from transformer.multi30k import DEFAULT_ROOT, download_multi30k
+from transformer.data.multi30k import DEFAULT_ROOT, download_multi30k
+from transformer.data.text import read_lines
+from transformer.decoding.search import DEFAULT_MAX_TOKENS
+from transformer.decoding.translator import Translator
+from transformer.decoding.vocab_map import DEFAULT_PER_SOURCE, build_vocab_map
+from transformer.deploy.engines import load_translator
+from transformer.deploy.export import VOCAB_MAP, export_ctranslate2
+from transformer.model.transformer import Transformer
 from transformer.runtime import cpu_has_native_bf16
-from transformer.search import DEFAULT_MAX_TOKENS
-from transformer.text import read_lines
-from transformer.translator import Translator
-from transformer.vocab_map import DEFAULT_PER_SOURCE, build_vocab_map
 
 # a trained model beside the repository (../runs/ref: the recipe run for 10 minutes)
 DEFAULT_CHECKPOINT = str(Path(__file__).resolve().parents[2]
@@ -98,10 +98,10 @@ def mode_options(mode: str) -> dict:
     """`translate` options of a mode: beam 5, or sampling (imported here: a baseline package
     may lack them, or keep them in other modules)."""
     try:
-        from transformer.decoding import AlignmentOptions, Sampling
+        from transformer.decoding.request import AlignmentOptions, Sampling
     except ImportError:
-        from transformer.alignment import AlignmentOptions
-        from transformer.search import Sampling
+        from transformer.decoding.alignment import AlignmentOptions
+        from transformer.decoding.search import Sampling
     if mode == " sampling":
         return {"sampling": Sampling(topk=10, seed=1)}
     if mode == " + alignment":
@@ -162,7 +162,7 @@ def cpu_description() -> str:
     (`runtime.cpu_has_native_bf16`, the probe `precision: auto` decides by), and the
     libraries our engine multiplies with there (`ops.FLOAT32_LIBRARY`, `ops.INT8_ONEDNN`)."""
     # imported here: a baseline row's process imports this file with an older package
-    from transformer.ops import FLOAT32_LIBRARY, INT8_ONEDNN, cpu_has_amx, cpu_info
+    from transformer.model.layers import FLOAT32_LIBRARY, INT8_ONEDNN, cpu_has_amx, cpu_info
 
     name = cpu_info("model name") or platform.processor() or "unknown CPU"
     if cpu_info("cpu family") is not None:  # a VM's generic name ("AMD EPYC") says little

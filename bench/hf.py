@@ -10,7 +10,7 @@ The model: transformers' `MarianConfig` with random weights (post-norm, swish FF
 and tied embeddings, `</s>` 0, `<pad>` = vocab - 1 = the decoder's start, 512 positions),
 written with `save_pretrained` beside MarianTokenizer's files (SentencePiece models trained
 here on Multi30k's English and German, one vocab.json padded with dummy pieces up to the
-model's vocabulary), then imported with `transformer.hf.import_hf`: both sides run the very
+model's vocabulary), then imported with `transformer.deploy.hf.import_hf`: both sides run the very
 same weights (checked: the largest logit difference on one batch is printed).
   base   OPUS-MT's shape: d_model 512, 8 heads, FFN 2048, 6+6 layers, 58,101 pieces (74M
          parameters); on 2 cores a training step takes ~25 s and a beam pass over 128
@@ -70,19 +70,19 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
-from transformer.batching import pack, train_batches
-from transformer.checkpoint import model_from_checkpoint, tokenizers_from_state
-from transformer.config import DecodingSettings, TrainConfig
-from transformer.hf import import_hf
-from transformer.loss import LabelSmoothedLoss
-from transformer.model import Transformer
-from transformer.multi30k import DEFAULT_ROOT, download_multi30k
-from transformer.optimizer import build_optimizer
-from transformer.search import Hypothesis
-from transformer.store import Batch, ParallelCorpus
-from transformer.text import ParallelText, read_lines
-from transformer.tokenizer import TokenizerPair
-from transformer.translator import Translator
+from transformer.data.batching import pack, train_batches
+from transformer.data.multi30k import DEFAULT_ROOT, download_multi30k
+from transformer.data.store import Batch, ParallelCorpus
+from transformer.data.text import ParallelText, read_lines
+from transformer.data.tokenizer import TokenizerPair
+from transformer.decoding.search import Hypothesis
+from transformer.decoding.translator import Translator
+from transformer.deploy.hf import import_hf
+from transformer.model.loss import LabelSmoothedLoss
+from transformer.model.transformer import Transformer
+from transformer.run.checkpoint import model_from_checkpoint, tokenizers_from_state
+from transformer.run.config import DecodingSettings, TrainConfig
+from transformer.training.optimizer import build_optimizer
 
 TARGETS = {"train": 1.3, "beam": 1.5}  # ours / HF, measured in the same run
 

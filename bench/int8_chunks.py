@@ -20,9 +20,9 @@ import torch
 from engines import add_input_arguments, cpu_description, hold_to_isa, inputs  # bench/engines.py
 from paired import paired_passes  # bench/paired.py
 
-import transformer.search as search
-from transformer import ops
-from transformer.translator import Translator
+import transformer.decoding.search as search
+from transformer.decoding.translator import Translator
+from transformer.model import layers as ops
 
 VARIANTS = {"joined": lambda layer: None, "chunked": ops.rows_per_call}
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from engines import cpu_description  # bench/engines.py
 
-from transformer.ops import linear
+from transformer.model.layers import linear
 
 ROWS, SENTENCES, STEPS, SOURCE, D, HEADS, VOCAB = 670, 134, 30, 60, 128, 4, 8000
 Kernel = Callable[[], Callable[[], object]]  # makes its data, returns the call

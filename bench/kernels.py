@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from engines import add_isa_argument, cpu_description, hold_to_isa  # bench/engines.py
 
-from transformer.attention import CPU_SHORT_SOFTMAX, CPU_SMALL_BMM, _softmax, _weighted_values
-from transformer.ops import linear, quantize_linears
+from transformer.model.attention import CPU_SHORT_SOFTMAX, CPU_SMALL_BMM, _softmax, _weighted_values
+from transformer.model.layers import linear, quantize_linears
 
 HEADS, HEAD_DIM = 4, 32
 LINEARS = [(128, 128), (256, 128), (128, 256), (8000, 128)]  # (out, in): attention, FFN, output

@@ -14,7 +14,7 @@ pairs plus 29,000 noise pairs, shuffled together, with one label a line (`labels
 ones (the German side of another pair): noise that no simple filter is meant to catch,
 reported for what the length ratio happens to remove of it.
 
-Then it cleans the corpus with each preset (`transformer.cleaning.CorpusCleaner`, the
+Then it cleans the corpus with each preset (`transformer.data.cleaning.CorpusCleaner`, the
 length ratio on the pieces of a SentencePiece model trained as the package trains one, on
 the clean pairs) and prints, per preset, the share of each noise kind removed, of all the
 noise and of the clean pairs, the cleaning's pairs/s, and the check of strict against its
@@ -36,13 +36,13 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer.cleaning import (
+from transformer.data.cleaning import (
     FILTER_PRESETS,
     CorpusCleaner,
     Filters,
     format_cleaning_table,
 )
-from transformer.tokenizer import Tokenizer
+from transformer.data.tokenizer import Tokenizer
 
 LANGS = ("en", "de", "fr", "cs")
 NOISE_KINDS = ("copy", "wrong_lang_fr", "wrong_lang_cs", "joined", "duplicate")

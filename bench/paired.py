@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from engines import add_input_arguments, cpu_description, hold_to_isa, inputs  # bench/engines.py
 
-from transformer.translator import Translator
+from transformer.decoding.translator import Translator
 
 BASELINE = "transformer_baseline"
 
@@ -39,7 +39,8 @@ def import_baseline(src: Path, folder: Path) -> type:
     relative, so the copy imports itself)."""
     shutil.copytree(src / "transformer", folder / BASELINE)
     sys.path.insert(0, str(folder))
-    return importlib.import_module(f"{BASELINE}.translator").Translator
+    layout = "decoding.translator" if (src / "transformer" / "decoding").is_dir() else "translator"
+    return importlib.import_module(f"{BASELINE}.{layout}").Translator
 
 
 def paired_passes(passes: dict[str, Callable[[], list[str]]], rounds: int

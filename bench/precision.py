@@ -24,12 +24,12 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from transformer.batching import eval_batches
-from transformer.evaluation import evaluation_text
-from transformer.loss import evaluate_loss
-from transformer.multi30k import DEFAULT_ROOT
-from transformer.store import ParallelCorpus
-from transformer.translator import Translator
+from transformer.data.batching import eval_batches
+from transformer.data.multi30k import DEFAULT_ROOT
+from transformer.data.store import ParallelCorpus
+from transformer.decoding.translator import Translator
+from transformer.model.loss import evaluate_loss
+from transformer.tools.evaluation import evaluation_text
 
 DEFAULT_CHECKPOINT = str(Path(__file__).resolve().parents[2]
                          / "runs/ref/checkpoints/checkpoint_best.pt")

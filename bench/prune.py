@@ -1,5 +1,5 @@
 """Benchmark: BLEU and beam-5 decoding speed of a model with a growing fraction of its
-attention heads pruned (transformer.heads; Michel, Levy & Neubig, 2019).
+attention heads pruned (transformer.tools.heads; Michel, Levy & Neubig, 2019).
 
 Head importance (the gradient criterion of scripts/prune_heads.py, scores normalized per
 layer) is measured once, on the first --max-sentences validation sentences; each fraction
@@ -29,9 +29,9 @@ import sacrebleu
 import torch
 from matplotlib.figure import Figure  # saved with the Agg canvas; no pyplot, no display
 
-from transformer.evaluation import evaluation_text
-from transformer.heads import gradient_importance, heads_to_prune, teacher_forced_batches
-from transformer.translator import Translator
+from transformer.decoding.translator import Translator
+from transformer.tools.evaluation import evaluation_text
+from transformer.tools.heads import gradient_importance, heads_to_prune, teacher_forced_batches
 
 
 def build_parser() -> argparse.ArgumentParser:

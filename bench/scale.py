@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer import multi30k
-from transformer.text import read_lines
+from transformer.data import multi30k
+from transformer.data.text import read_lines
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
@@ -142,7 +142,7 @@ def child_peak_rss() -> int:
 
 
 def compose(argv: list[str]):
-    from transformer.config import compose_config
+    from transformer.run.config import compose_config
     return compose_config([a for a in argv if not a.startswith("hydra.run.dir=")])
 
 
@@ -152,7 +152,7 @@ def run_dir_of(argv: list[str]) -> Path:
 
 def child_prepare(argv: list[str]) -> None:
     """Prepare the data as scripts/prepare_data.py does (`load_data`), report as JSON."""
-    from transformer.data import load_data
+    from transformer.run.data import load_data
     data = load_data(compose(argv).data, run_dir_of(argv))
     train = data.train.corpora[0]
     tokens = len(train.src_ids) + len(train.tgt_ids)
@@ -166,7 +166,7 @@ def child_train(argv: list[str], updates: int, started: float) -> None:
     import torch  # noqa: F401  (imports count as start-up)
 
     from transformer.runtime import DistEnv
-    from transformer.training import Trainer
+    from transformer.training.trainer import Trainer
 
     marks: list[tuple[float, int]] = []
 

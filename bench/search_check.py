@@ -21,11 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from reference_search import reference_beam_search  # noqa: E402
 
-from transformer.decoding import DecodingRequest  # noqa: E402
-from transformer.multi30k import DEFAULT_ROOT, download_multi30k  # noqa: E402
-from transformer.search import max_output_lengths, search_corpus  # noqa: E402
-from transformer.text import read_lines  # noqa: E402
-from transformer.translator import Translator  # noqa: E402
+from transformer.data.multi30k import DEFAULT_ROOT, download_multi30k  # noqa: E402
+from transformer.data.text import read_lines  # noqa: E402
+from transformer.decoding.request import DecodingRequest  # noqa: E402
+from transformer.decoding.search import max_output_lengths, search_corpus  # noqa: E402
+from transformer.decoding.translator import Translator  # noqa: E402
 
 DEFAULT_CHECKPOINT = str(ROOT.parent / "runs/ref/checkpoints/checkpoint_best.pt")
 SETTINGS = {"beam 1": (1, 1), "beam 5": (5, 1), "beam 5, 3-best": (5, 3)}

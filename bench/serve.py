@@ -33,7 +33,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transformer.text import read_lines
+from transformer.data.text import read_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.en.gz"

@@ -24,7 +24,7 @@ from engines import add_input_arguments, cpu_description, hold_to_isa, inputs  #
 # translate them.
 CHILD = r"""
 import json, sys, torch
-from transformer.translator import Translator
+from transformer.decoding.translator import Translator
 checkpoint, threads = sys.argv[1:3]
 torch.set_num_threads(int(threads))
 translator = Translator.load(checkpoint, device="cpu")

@@ -13,7 +13,7 @@ and cuDNN are CUDA switches, no-ops on a CPU). The GPU table, e.g. on an H200 in
     python3 bench/train_speed.py --device cuda --sizes tiny base --max-tokens 8192 16384 \\
         --steps 8 --warmup 3 --tf32 --bf16 --cudnn-attention both
 
-  ours  transformer.model.Transformer with the training loop's loss module
+  ours  transformer.model.transformer.Transformer with the training loop's loss module
         (training.LabelSmoothedLoss): the output projection on non-pad positions only, fused
         into the loss (ops.linear_label_smoothed_cross_entropy), attention through SDPA where
         it applies; --unfused also times it with the projection's logits fed to
@@ -74,14 +74,14 @@ import torch
 from memory import status_mib  # bench/memory.py
 from torch import Tensor, nn
 
-from transformer.config import DataConfig, compose_config
-from transformer.data import Data, load_data
-from transformer.loss import LabelSmoothedLoss
-from transformer.model import ModelConfig, PositionalEncoding, Transformer
-from transformer.multi30k import DEFAULT_ROOT
+from transformer.data.multi30k import DEFAULT_ROOT
+from transformer.data.store import Batch
+from transformer.data.tokenizer import PAD_ID
+from transformer.model.loss import LabelSmoothedLoss
+from transformer.model.transformer import ModelConfig, PositionalEncoding, Transformer
+from transformer.run.config import DataConfig, compose_config
+from transformer.run.data import Data, load_data
 from transformer.runtime import configure_cuda
-from transformer.store import Batch
-from transformer.tokenizer import PAD_ID
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(tempfile.gettempdir()) / "transformer-bench-train-speed"  # spm + cache, reused

@@ -3,9 +3,9 @@
     python docs/config_reference.py           # rewrite the block in USAGE.md in place
     python docs/config_reference.py --check   # only say whether it is up to date (exit 1)
 
-The block lies between the markers `transformer.config_docs.REFERENCE_BEGIN` and
+The block lies between the markers `transformer.run.config_docs.REFERENCE_BEGIN` and
 `REFERENCE_END`; its tables are `config_docs.markdown_reference()`, read from the attribute
-docstrings of `transformer.config`'s dataclasses. tests/test_config_help.py fails while the
+docstrings of `transformer.run.config`'s dataclasses. tests/test_config_help.py fails while the
 block and the schema differ.
 """
 
@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from transformer.config_docs import with_reference
+from transformer.run.config_docs import with_reference
 
 USAGE = Path(__file__).resolve().parent / "USAGE.md"
 

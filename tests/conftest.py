@@ -27,8 +27,8 @@ import pytest
 if TYPE_CHECKING:
     from hypothesis import settings
 
-    from transformer.model import Transformer
-    from transformer.tokenizer import Tokenizer
+    from transformer.data.tokenizer import Tokenizer
+    from transformer.model.transformer import Transformer
 
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K_SLICE = REPO / "tests" / "data" / "multi30k"
@@ -101,7 +101,7 @@ def multi30k_lines():
 def spm_model(multi30k_lines, tmp_path_factory) -> Path:
     """A small joint SentencePiece model (vocab 500) of the slice, shared so that training
     runs skip training one."""
-    from transformer.tokenizer import Tokenizer
+    from transformer.data.tokenizer import Tokenizer
 
     texts = multi30k_lines("train.en.gz")[:2000] + multi30k_lines("train.de.gz")[:2000]
     path = tmp_path_factory.mktemp("spm") / "spm500.model"
@@ -110,7 +110,7 @@ def spm_model(multi30k_lines, tmp_path_factory) -> Path:
 
 
 def _has_full_corpus(root: Path) -> bool:
-    from transformer.multi30k import SHA256
+    from transformer.data.multi30k import SHA256
 
     wanted = [name for name in SHA256
               if name.removesuffix(".gz").rsplit(".", 1)[-1] in FULL_LANGS]
@@ -120,7 +120,7 @@ def _has_full_corpus(root: Path) -> bool:
 @pytest.fixture(scope="session")
 def full_multi30k() -> Path:
     """The whole Multi30k (en/de/fr: the raw files and the tokenized ones, tok/)."""
-    from transformer.multi30k import DEFAULT_ROOT, download_multi30k
+    from transformer.data.multi30k import DEFAULT_ROOT, download_multi30k
 
     candidates = [Path(os.environ["MULTI30K_DIR"])] if os.environ.get("MULTI30K_DIR") else []
     candidates += [SHARED_MULTI30K, Path(DEFAULT_ROOT).expanduser()]
@@ -151,7 +151,7 @@ def full_multi30k_lines(full_multi30k):
 def multi30k_tokenizer_path(tmp_path_factory) -> Path:
     """A SentencePiece model with the default data settings but a 2,000-piece vocabulary
     (joint en+de, unigram), trained once per session on the slice's training split."""
-    from transformer.tokenizer import Tokenizer
+    from transformer.data.tokenizer import Tokenizer
 
     texts = _read_gz(MULTI30K_SLICE / "train.en.gz") + _read_gz(MULTI30K_SLICE / "train.de.gz")
     path = tmp_path_factory.mktemp("spm") / "multi30k-unigram-2000.model"
@@ -163,7 +163,7 @@ def multi30k_tokenizer_path(tmp_path_factory) -> Path:
 def multi30k_small_tokenizer_path(tmp_path_factory) -> Path:
     """A small joint SentencePiece model (vocab 400) from the first 300 en and de training
     lines: for tests whose models only need real pieces, not a good vocabulary."""
-    from transformer.tokenizer import Tokenizer
+    from transformer.data.tokenizer import Tokenizer
 
     texts = (_read_gz(MULTI30K_SLICE / "train.en.gz")[:300]
              + _read_gz(MULTI30K_SLICE / "train.de.gz")[:300])
@@ -175,7 +175,7 @@ def multi30k_small_tokenizer_path(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def multi30k_tokenizer(multi30k_tokenizer_path):
     """The session's default Multi30k tokenizer (see multi30k_tokenizer_path)."""
-    from transformer.tokenizer import Tokenizer
+    from transformer.data.tokenizer import Tokenizer
 
     return Tokenizer.load(multi30k_tokenizer_path)
 
@@ -198,9 +198,9 @@ PRUNED_HEADS = {"encoder.blks.0.attention": [0], "decoder.blks.1.attention2": [1
 def _save_random_model(tokenizer_path: Path, path: Path, pruned: dict) -> Path:
     import torch
 
-    from transformer.checkpoint import inference_checkpoint, save_checkpoint
-    from transformer.model import ModelConfig, Transformer
-    from transformer.tokenizer import Tokenizer, TokenizerPair
+    from transformer.data.tokenizer import Tokenizer, TokenizerPair
+    from transformer.model.transformer import ModelConfig, Transformer
+    from transformer.run.checkpoint import inference_checkpoint, save_checkpoint
 
     tokenizer = Tokenizer.load(tokenizer_path)
     torch.manual_seed(0)
@@ -239,7 +239,7 @@ def train_en_de(tokenizers, src: list[str], tgt: list[str], *, steps: int = 300,
     import torch
     from torch import nn
 
-    from transformer.model import ModelConfig, Transformer
+    from transformer.model.transformer import ModelConfig, Transformer
 
     torch.manual_seed(0)
     rng = random.Random(0)
@@ -277,9 +277,9 @@ def en_de_checkpoint(multi30k_tokenizer, tmp_path_factory) -> Path:
     decoding defaults alpha 1, beam 4: the model the export tests compare engines on."""
     import torch
 
-    from transformer.checkpoint import inference_checkpoint, save_checkpoint
-    from transformer.config import DecodingSettings, TrainConfig
-    from transformer.tokenizer import TokenizerPair
+    from transformer.data.tokenizer import TokenizerPair
+    from transformer.run.checkpoint import inference_checkpoint, save_checkpoint
+    from transformer.run.config import DecodingSettings, TrainConfig
 
     def build(path: Path) -> None:
         threads = torch.get_num_threads()
@@ -309,8 +309,8 @@ def copy_checkpoint(tmp_path_factory) -> Path:
     """A tiny model trained from scratch to copy sentences of 1-4 words over 'abcdef' (~20 s):
     the model that must learn (tests/test_model.py) and that translates exactly
     (tests/test_translate.py)."""
-    from transformer.checkpoint import inference_checkpoint, save_checkpoint
-    from transformer.tokenizer import Tokenizer, TokenizerPair
+    from transformer.data.tokenizer import Tokenizer, TokenizerPair
+    from transformer.run.checkpoint import inference_checkpoint, save_checkpoint
 
     def build(path: Path) -> None:
         rng = random.Random(0)
@@ -328,8 +328,8 @@ def train_copy_model(tokenizer: Tokenizer, rng: random.Random, steps: int = 450)
     import torch
     from torch import nn
 
-    from transformer.model import ModelConfig, Transformer
-    from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
+    from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+    from transformer.model.transformer import ModelConfig, Transformer
 
     torch.manual_seed(0)
     vocab = tokenizer.vocab_size

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from transformer.translator import Translation
+from transformer.decoding.translator import Translation
 
 
 def scored(results: list[list[Translation]]) -> list[list[tuple[str, float]]]:

@@ -1,19 +1,20 @@
 """A plain beam search, one sentence at a time, without a cache or batching: the reference
-that `transformer.search.beam_search` (cached, batched, preallocated, parallel) must equal.
+that `transformer.decoding.search.beam_search` (cached, batched, preallocated, parallel)
+must equal.
 
-The same search as the module docstring of `transformer.search` states it: the best 2 * beam
-candidates per step, EOS candidates among the best `beam` finish, the best `beam` others go
-on; stop at `beam` finished hypotheses once the best candidate of a step has been EOS, or
-when the best alive one cannot beat the nbest-th finished one. Scores accumulate in float32,
-as the fast search's do.
+The same search as the module docstring of `transformer.decoding.search` states it: the
+best 2 * beam candidates per step, EOS candidates among the best `beam` finish, the best
+`beam` others go on; stop at `beam` finished hypotheses once the best candidate of a step
+has been EOS, or when the best alive one cannot beat the nbest-th finished one. Scores
+accumulate in float32, as the fast search's do.
 """
 
 from __future__ import annotations
 
 import torch
 
-from transformer.model import Transformer
-from transformer.search import Hypothesis, length_penalty
+from transformer.decoding.search import Hypothesis, length_penalty
+from transformer.model.transformer import Transformer
 
 
 @torch.no_grad()

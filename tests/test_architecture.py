@@ -12,59 +12,96 @@ from pathlib import Path
 
 import pytest
 
-from transformer import multi30k
-from transformer.config import DataConfig, TrainConfig
+from transformer.data import multi30k
 from transformer.errors import CheckpointError, DataError
-from transformer.evaluation import evaluation_text
+from transformer.run.config import DataConfig, TrainConfig
+from transformer.tools.evaluation import evaluation_text
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "transformer"
 
-# Lowest first; a module may import only modules of lower layers (docs/DESIGN.md).
+# The package's folders, lowest first ("" is the package's own modules): a module imports
+# only modules of its own folder and of lower ones (docs/DESIGN.md).
 LAYERS = [
-    {"errors"},
-    {"ops", "files", "text", "train_log", "runtime", "cleaning"},
-    {"tokenizer", "attention", "multi30k", "batching", "plots"},
-    {"blocks", "store"},
-    {"model", "mixture"},
-    {"config"},
-    {"checkpoint", "run_tokenizers", "optimizer", "schedule", "decoding", "config_docs"},
-    {"data", "search", "loss", "attention_maps", "alignment", "vocab_map"},
-    {"translator"},
-    {"heads", "evaluation", "export", "hf", "serve", "workflows"},
-    {"training", "engines"},
-    {"cli"},  # the commands: a subpackage, one module per command
+    {""},  # errors, files, hardware, runtime: what every folder may use
+    {"data"},  # parallel text, from files to batches
+    {"model"},  # the book's Transformer, its kernels, cache, loss and int8 form
+    {"run"},  # a run's config, tokenizers, prepared data and checkpoints
+    {"decoding"},  # searches, the corpus runner, the translator
+    {"tools"},  # looking inside models, evaluating them, data made with them
+    {"training", "deploy"},  # the trainer; export, other engines, serving
+    {"cli"},  # the commands: one module per command
     {"__main__"},
 ]
 
 
+def module_name(path: Path) -> str:
+    """transformer's dotted name of a module file: "data.text", "errors", "cli"."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def folder(module: str) -> str:
+    """The folder of a module ("" for the package's own modules; "__main__" its own)."""
+    return module.split(".")[0] if "." in module or module in {"cli"} else (
+        "__main__" if module == "__main__" else "")
+
+
 def package_imports(path: Path) -> set[str]:
-    """The package modules the module at `path` imports (`from .x import ...`, `from . import
-    x`; in the `cli` subpackage `from ..x import ...`, and its own modules count as `cli`)."""
-    level = len(path.relative_to(PACKAGE).parts)  # 1 in the package, 2 in cli/
+    """The package's modules (dotted, as `module_name`) that the module at `path` imports,
+    wherever in it (functions too): relative imports resolved from its place."""
+    here = module_name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.level == level:
-            if node.module:
-                found.add(node.module.split(".")[0])
-            else:
-                found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level:
-            found.add(path.parent.name)  # a sibling in its own subpackage
-    found.discard("__init__")
-    return found - ({"__version__"} if level == 2 else set())
+        if not isinstance(node, ast.ImportFrom) or not node.level:
+            continue
+        base = package[:len(package) - (node.level - 1)]
+        if node.module:
+            found.add(".".join([*base, node.module]))
+        else:
+            found.update(".".join([*base, alias.name]) for alias in node.names)
+    modules = {module_name(p) for p in PACKAGE.rglob("*.py")}
+    return {m if m in modules else m.rpartition(".")[0] for m in found} - {"", "__version__"}
 
 
-def test_modules_import_only_lower_layers():
-    rank = {module: i for i, layer in enumerate(LAYERS) for module in layer}
-    modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
-    subpackages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
-    assert modules | subpackages == set(rank), \
-        "a module is missing from LAYERS (and from docs/DESIGN.md)"
-    for module in sorted(modules):
-        for imported in package_imports(PACKAGE / f"{module}.py"):
-            assert rank[imported] < rank[module], f"{module} imports {imported}"
-    for path in sorted((PACKAGE / "cli").glob("*.py")):  # the top layer: anything below it
-        assert all(rank[m] <= rank["cli"] for m in package_imports(path)), path
+def test_modules_import_only_lower_layers_and_no_cycle():
+    rank = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+    paths = sorted(PACKAGE.rglob("*.py"))
+    folders = {folder(module_name(p)) for p in paths} - {""}
+    assert folders | {""} == set(rank), "a folder is missing from LAYERS (and docs/DESIGN.md)"
+    graph = {module_name(p): package_imports(p) for p in paths}
+    for module, imported in sorted(graph.items()):
+        for other in imported:
+            assert (folder(other) == folder(module)
+                    or rank[folder(other)] < rank[folder(module)]), f"{module} imports {other}"
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"an import cycle: {' -> '.join([*path, module])}"
+        if module in done:
+            return
+        for other in graph.get(module, ()):
+            visit(other, (*path, module))
+        done.add(module)
+
+    for module in graph:
+        visit(module, ())
+
+
+def test_the_folders_are_the_layers():
+    """At least three subpackages besides the commands; no module of the package over 600
+    lines, the one defining MultiHeadAttention at most 350; one module sets the threads."""
+    subpackages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")} - {"cli"}
+    assert len(subpackages) >= 3
+    sizes = {str(p.relative_to(PACKAGE)): len(p.read_text(encoding="utf-8").splitlines())
+             for p in PACKAGE.rglob("*.py")}
+    assert max(sizes.values()) <= 600, {k: v for k, v in sizes.items() if v > 600}
+    defining = [name for name in sizes if "class MultiHeadAttention" in
+                (PACKAGE / name).read_text(encoding="utf-8")]
+    assert len(defining) == 1 and sizes[defining[0]] <= 350, (defining, sizes)
+    setting = [name for name in sizes if "set_num_threads(" in
+               (PACKAGE / name).read_text(encoding="utf-8")]
+    assert setting == ["hardware.py"], setting
 
 
 def source_files() -> list[Path]:
@@ -99,8 +136,9 @@ def test_each_job_lives_in_its_module():
 
 def test_importing_the_package_switches_no_matplotlib_backend():
     """No module imports pyplot (which would pick a backend for the whole process)."""
-    code = ("import sys, transformer.training, transformer.heads, transformer.plots, "
-            "transformer.evaluation; print('matplotlib.pyplot' in sys.modules)")
+    code = ("import sys, transformer.training.trainer, transformer.tools.heads, "
+            "transformer.tools.plots, transformer.tools.evaluation; "
+            "print('matplotlib.pyplot' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True)
     assert result.stdout.strip() == "False"

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-import transformer.attention as attention_module
-from transformer.attention import (
+import transformer.model.attention as attention_module
+from transformer.model.attention import (
     KVCache,
     MultiHeadAttention,
     masked_softmax,
@@ -242,7 +242,7 @@ def test_kv_cache_self_and_cross_attention_equal_full():
 
 
 def test_buffer_pool_hands_out_the_smallest_kept_buffer_that_fits_and_keeps_the_largest():
-    from transformer.attention import BufferPool
+    from transformer.model.attention import BufferPool
     pool = BufferPool(max_bytes=4 * (100 + 60))  # room for the 100 and the 60, not the 30
     like = torch.zeros(1)
     fresh = pool.take(10, like)
@@ -262,7 +262,7 @@ def test_buffer_pool_hands_out_the_smallest_kept_buffer_that_fits_and_keeps_the_
 def test_buffers_made_in_inference_mode_are_handed_out_only_there():
     """PyTorch forbids writing a tensor made under `torch.inference_mode` outside it: a
     search in inference mode, then one without, both run (the second on new buffers)."""
-    from transformer.attention import BufferPool
+    from transformer.model.attention import BufferPool
     pool = BufferPool(max_bytes=2 ** 20)
     k = torch.randn(2, 4, 1, 8)
 
@@ -289,7 +289,7 @@ def test_a_released_cache_gives_the_next_cache_its_buffers_whatever_they_hold():
     """`KVCache.release` gives its buffers to the pool; a later cache writes into them
     (the same memory, no new allocation) and reads only what it wrote: buffers filled with
     NaN give the same attention outputs as new ones."""
-    from transformer.attention import BufferPool
+    from transformer.model.attention import BufferPool
     torch.manual_seed(0)
     d, h, B, T = 16, 4, 3, 7
     attn = MultiHeadAttention(d, d, d, d, h, 0.0, bias=True).eval()
@@ -319,7 +319,7 @@ def test_a_released_cache_gives_the_next_cache_its_buffers_whatever_they_hold():
 def test_scaled_dot_product_formula():
     """One head, no projections: softmax(QK^T / sqrt(d)) V written out by hand."""
     torch.manual_seed(0)
-    from transformer.attention import DotProductAttention
+    from transformer.model.attention import DotProductAttention
     att = DotProductAttention(0.0)
     Q, K, V = torch.randn(2, 3, 8), torch.randn(2, 5, 8), torch.randn(2, 5, 4)
     expected = torch.softmax(Q @ K.transpose(1, 2) / math.sqrt(8), -1) @ V
@@ -329,8 +329,8 @@ def test_scaled_dot_product_formula():
 def test_padding_mask_built_once_equals_valid_lens_in_every_block():
     """The encoder and decoder build the source's (batch, src_len) key mask once and pass it
     to every block: the same outputs, bit for bit, as each block masking by valid_lens."""
-    from transformer.attention import key_padding_mask
-    from transformer.blocks import DecoderBlock, EncoderBlock
+    from transformer.model.attention import key_padding_mask
+    from transformer.model.blocks import DecoderBlock, EncoderBlock
 
     torch.manual_seed(0)
     X, Y = torch.randn(3, 40, 16), torch.randn(3, 6, 16)  # 40 keys: the fused path on CPU

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer import checkpoint as ckpt
 from transformer import cli
-from transformer.config import compose_config
+from transformer.data.tokenizer import Tokenizer, TokenizerPair
+from transformer.decoding.translator import Translator
 from transformer.errors import CheckpointError
-from transformer.model import ModelConfig, Transformer
-from transformer.tokenizer import Tokenizer, TokenizerPair
-from transformer.training import train
-from transformer.translator import Translator
+from transformer.model.transformer import ModelConfig, Transformer
+from transformer.run import checkpoint as ckpt
+from transformer.run.config import compose_config
+from transformer.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 SLICE = REPO / "tests" / "data" / "multi30k"

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer import checkpoint as ckpt
-from transformer.config import DataConfig, DecodingSettings, TrainConfig
+from transformer.data.tokenizer import Tokenizer, TokenizerPair
 from transformer.errors import CheckpointError
-from transformer.model import ModelConfig, Transformer
-from transformer.tokenizer import Tokenizer, TokenizerPair
+from transformer.model.transformer import ModelConfig, Transformer
+from transformer.run import checkpoint as ckpt
+from transformer.run.config import DataConfig, DecodingSettings, TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = ModelConfig(src_vocab_size=40, tgt_vocab_size=40, num_hiddens=16, ffn_num_hiddens=32,

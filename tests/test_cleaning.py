@@ -1,4 +1,4 @@
-"""Corpus cleaning (`transformer.cleaning`): on a corpus built from the Multi30k slice with
+"""Corpus cleaning (`transformer.data.cleaning`): on a corpus built from the Multi30k slice with
 planted noise, each preset removes exactly the planted pairs it is meant to, counted under
 the first filter that removes them, in one chunk or in chunks of 7; duplicates across chunks;
 the length ratio's bounds; the config values and their one-line errors; language
@@ -12,16 +12,16 @@ import unicodedata
 import numpy as np
 import pytest
 
-from transformer import cleaning
-from transformer.cleaning import (
+from transformer.data import cleaning
+from transformer.data.cleaning import (
     FILTER_PRESETS,
     REASONS,
     CorpusCleaner,
     Filters,
     format_cleaning_table,
 )
+from transformer.data.tokenizer import Tokenizer
 from transformer.errors import ConfigError, MissingDependency
-from transformer.tokenizer import Tokenizer
 
 # Multi30k's training lines 101-104 (0-based 100-103) in French and Czech: the slice in
 # tests/data holds English and German only. They describe the same images as the slice's

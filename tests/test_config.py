@@ -10,7 +10,9 @@ from conftest import MULTI30K_EPOCH_TOKENS  # tests/conftest.py
 from omegaconf import OmegaConf
 
 from transformer import cli
-from transformer.config import (
+from transformer.errors import ConfigError
+from transformer.model.transformer import Hyperparameters, ModelConfig
+from transformer.run.config import (
     CONFIG_DIR,
     ModelSettings,
     OptimConfig,
@@ -18,9 +20,7 @@ from transformer.config import (
     TrainerConfig,
     compose_config,
 )
-from transformer.errors import ConfigError
-from transformer.model import Hyperparameters, ModelConfig
-from transformer.schedule import Budget, budget_settings, fit_to_budget
+from transformer.training.schedule import Budget, budget_settings, fit_to_budget
 
 
 def test_default_is_wu_et_als_recipe_fitted_to_its_budget_with_automatic_precision():

@@ -18,22 +18,22 @@ from conftest import run_command  # tests/conftest.py
 from omegaconf import OmegaConf
 
 from transformer import cli
-from transformer.config import (
+from transformer.errors import ConfigError
+from transformer.model.transformer import Hyperparameters
+from transformer.run.config import (
     DecodingSettings,
     TrainConfig,
     compose_config,
     load_config,
     schema_keys,
 )
-from transformer.config_docs import (
+from transformer.run.config_docs import (
     KEY_COLUMN,
     attribute_docs,
     format_value,
     group_docs,
     with_reference,
 )
-from transformer.errors import ConfigError
-from transformer.model import Hyperparameters
 
 USAGE = Path(__file__).resolve().parents[1] / "docs" / "USAGE.md"
 KEY_LINE = re.compile(r"  (?P<key>[\w.\[\]]+)=(?P<rest>.*)")

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from conftest import assert_reported, run_command
 
-from transformer import checkpoint as ckpt
-from transformer.config import DataConfig, compose_config
-from transformer.data import load_data
+from transformer.data.mixture import Mixture, shares
+from transformer.data.store import ParallelCorpus
+from transformer.data.tokenizer import EOS_ID, SpecialIds, Tokenizer
 from transformer.errors import DataError
-from transformer.mixture import Mixture, shares
-from transformer.store import ParallelCorpus
-from transformer.tokenizer import EOS_ID, SpecialIds, Tokenizer
-from transformer.training import train
+from transformer.run import checkpoint as ckpt
+from transformer.run.config import DataConfig, compose_config
+from transformer.run.data import load_data
+from transformer.training.trainer import train
 
 
 def lines(multi30k_dir: Path, name: str) -> list[str]:
@@ -231,7 +231,7 @@ def test_the_multilingual_preset_names_three_pairs_under_data_root():
 
 def test_a_changed_filter_makes_a_new_store_and_an_unchanged_one_is_reused(
         corpus_files, tmp_path, multi30k_dir, multi30k_tokenizer_path, monkeypatch):
-    from transformer import data as data_module
+    from transformer.run import data as data_module
 
     def config(filters: str | dict) -> DataConfig:
         return DataConfig(root=str(multi30k_dir), spm_model=str(multi30k_tokenizer_path),
@@ -258,9 +258,9 @@ def test_an_uncleaned_store_keeps_the_name_earlier_versions_gave_it(tmp_path,
     is the hash of the same key (version, split, the files' paths, the tokenizers)."""
     import hashlib
 
-    from transformer.cleaning import Filters
-    from transformer.data import SplitFiles, _cleaning_key, store_path
-    from transformer.tokenizer import TokenizerPair
+    from transformer.data.cleaning import Filters
+    from transformer.data.tokenizer import TokenizerPair
+    from transformer.run.data import SplitFiles, _cleaning_key, store_path
 
     tok = Tokenizer.load(multi30k_tokenizer_path)
     files = SplitFiles(tmp_path / "a.en", tmp_path / "a.de")

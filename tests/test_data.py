@@ -20,22 +20,22 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from transformer import config
-from transformer.batching import (
+from transformer.data.batching import (
     eval_batches,
     even_rounds,
     padding_ratio,
     sorted_batches,
     train_batches,
 )
-from transformer.config import DataConfig
-from transformer.data import corpus_files, eval_set_files, load_data
+from transformer.data.multi30k import SHA256 as MULTI30K_SHA256
+from transformer.data.multi30k import download_file, download_multi30k
+from transformer.data.store import ParallelCorpus
+from transformer.data.text import iter_parallel, read_lines, read_parallel
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerPair
 from transformer.errors import DataError
-from transformer.multi30k import SHA256 as MULTI30K_SHA256
-from transformer.multi30k import download_file, download_multi30k
-from transformer.store import ParallelCorpus
-from transformer.text import iter_parallel, read_lines, read_parallel
-from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerPair
+from transformer.run import config
+from transformer.run.config import DataConfig
+from transformer.run.data import corpus_files, eval_set_files, load_data
 
 CONFIG_DIR = config.CONFIG_DIR / "data"
 

@@ -10,8 +10,7 @@ from dataclasses import replace
 import pytest
 
 from transformer.cli.translate import build_parser
-from transformer.config import DecodingSettings
-from transformer.decoding import (
+from transformer.decoding.request import (
     OPTIONS,
     AlignmentOptions,
     DecodingRequest,
@@ -20,6 +19,7 @@ from transformer.decoding import (
     option_name,
 )
 from transformer.errors import ConfigError
+from transformer.run.config import DecodingSettings
 
 BAD = [  # (the request's fields, the field the error names, words of its message)
     (dict(beam_size=0), "beam_size", r"beam_size must be in \[1, 1024\], got 0"),
@@ -128,7 +128,7 @@ def test_requests_are_frozen_and_derived_with_replace():
 def test_the_command_and_the_server_take_the_same_options():
     """`OPTIONS` are `from_options`' parameters, `transformer translate`'s options and the
     server's fields besides the sentences and their prefixes."""
-    from transformer.serve import TranslateRequest
+    from transformer.deploy.serve import TranslateRequest
 
     parameters = inspect.signature(DecodingRequest.from_options).parameters
     assert set(OPTIONS) == set(parameters) - {"defaults"}

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from transformer import hf
 from transformer.cli import serve as serve_command
+from transformer.deploy import hf
+from transformer.deploy.export import require_ctranslate2
 from transformer.errors import MissingDependency, TransformerError, require
-from transformer.export import require_ctranslate2
 
 
 def test_require_returns_the_module():

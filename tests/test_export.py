@@ -18,19 +18,19 @@ import sacrebleu
 import torch
 from outputs import scored
 
-from transformer.checkpoint import inference_checkpoint, save_checkpoint
 from transformer.cli import export as export_command
 from transformer.cli import translate as translate_command
 from transformer.cli.reports import translate_lines
-from transformer.config import TrainConfig
-from transformer.decoding import AlignmentOptions, RequestError, Sampling
-from transformer.engines import CTranslate2Translator, load_translator
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, TokenizerPair
+from transformer.decoding.request import AlignmentOptions, RequestError, Sampling
+from transformer.decoding.translator import Translator
+from transformer.decoding.vocab_map import MIN_PAIRS, VocabMap, build_vocab_map
+from transformer.deploy.engines import CTranslate2Translator, load_translator
+from transformer.deploy.export import VOCAB_MAP, export_ctranslate2, read_export
 from transformer.errors import MissingDependency
-from transformer.export import VOCAB_MAP, export_ctranslate2, read_export
-from transformer.model import ModelConfig, Transformer
-from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, TokenizerPair
-from transformer.translator import Translator
-from transformer.vocab_map import MIN_PAIRS, VocabMap, build_vocab_map
+from transformer.model.transformer import ModelConfig, Transformer
+from transformer.run.checkpoint import inference_checkpoint, save_checkpoint
+from transformer.run.config import TrainConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -510,7 +510,7 @@ def test_engine_auto_picks_ctranslate2_for_an_export_and_ours_for_a_checkpoint(c
                                                                               exports):
     """`--engine auto` (every command's default): the engine that reads what --checkpoint
     names, so an exported model runs on CTranslate2 without asking."""
-    from transformer.engines import engine_for
+    from transformer.deploy.engines import engine_for
 
     assert engine_for(exports["int8"]) == "ctranslate2" and engine_for(checkpoint) == "torch"
     assert engine_for([checkpoint, checkpoint]) == "torch"  # several: averaged by ours

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from transformer import checkpoint as ckpt
-from transformer.data import SplitFiles, write_split_store
+from transformer.data.store import ParallelCorpus
+from transformer.data.tokenizer import Tokenizer, TokenizerPair
 from transformer.errors import WriteError
 from transformer.files import append_synced, atomic_write
-from transformer.store import ParallelCorpus
-from transformer.tokenizer import Tokenizer, TokenizerPair
+from transformer.run import checkpoint as ckpt
+from transformer.run.data import SplitFiles, write_split_store
 
 
 def _limit_file_size(nbytes: int) -> None:

@@ -1,5 +1,5 @@
 """Fuzzing the training configuration: every key of the schema, enumerated from the
-dataclasses of `transformer.config` (a new key is covered without a change here), given
+dataclasses of `transformer.run.config` (a new key is covered without a change here), given
 values of the wrong type and out of range, must raise `ConfigError` on one line naming the
 key, both through `load_config` (OmegaConf's merge onto the schema, every key) and through
 `compose_config` (Hydra's override grammar and composition, a sample of keys)."""
@@ -17,9 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from transformer.cleaning import FILTER_PRESETS
-from transformer.config import TrainConfig, compose_config, load_config
+from transformer.data.cleaning import FILTER_PRESETS
 from transformer.errors import ConfigError
+from transformer.run.config import TrainConfig, compose_config, load_config
 
 CHOICES = {"data.name", "data.src_lang", "data.tgt_lang", "data.spm_model_type",
            "optim.name", "optim.schedule", "trainer.device", "trainer.precision",

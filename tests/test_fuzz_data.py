@@ -19,12 +19,12 @@ from conftest import assert_one_line, assert_reported, fuzz, run_command  # test
 from hypothesis import given
 from hypothesis import strategies as st
 
-from transformer.config import DataConfig
-from transformer.data import load_data, split_store
+from transformer.data.store import ParallelCorpus, read_meta
+from transformer.data.text import iter_lines, read_lines, read_parallel
+from transformer.data.tokenizer import Tokenizer, TokenizerPair
 from transformer.errors import DataError, TransformerError
-from transformer.store import ParallelCorpus, read_meta
-from transformer.text import iter_lines, read_lines, read_parallel
-from transformer.tokenizer import Tokenizer, TokenizerPair
+from transformer.run.config import DataConfig
+from transformer.run.data import load_data, split_store
 
 # ---- corpus bytes -----------------------------------------------------------------------
 
@@ -265,7 +265,7 @@ def test_a_damaged_store_in_the_cache_is_refused_or_rebuilt(store, tokenizers, n
 
 
 def _files_of(meta: dict):
-    from transformer.data import SplitFiles
+    from transformer.run.data import SplitFiles
 
     return SplitFiles(Path(meta["sources"]["src"]["path"]), Path(meta["sources"]["tgt"]["path"]))
 

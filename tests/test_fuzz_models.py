@@ -16,11 +16,11 @@ from conftest import assert_one_line, assert_reported, fuzz, run_command  # test
 from hypothesis import given
 from hypothesis import strategies as st
 
-from transformer.checkpoint import load_checkpoint, save_checkpoint
-from transformer.engines import load_translator
+from transformer.data.tokenizer import Tokenizer
+from transformer.decoding.translator import Translator
+from transformer.deploy.engines import load_translator
 from transformer.errors import CheckpointError, DataError, ExportError, TransformerError
-from transformer.tokenizer import Tokenizer
-from transformer.translator import Translator
+from transformer.run.checkpoint import load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -147,7 +147,7 @@ def files_of(directory: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def ct2_export(random_checkpoint, tmp_path_factory) -> Path:
-    from transformer.export import export_ctranslate2
+    from transformer.deploy.export import export_ctranslate2
 
     directory = tmp_path_factory.mktemp("ct2") / "export"
     export_ctranslate2(Translator.load(random_checkpoint, device="cpu"), directory)
@@ -206,7 +206,7 @@ def test_an_export_with_an_odd_description_is_refused_or_translates(ct2_export, 
 
 @pytest.fixture(scope="module")
 def hf_directory(random_checkpoint, tmp_path_factory) -> Path:
-    from transformer.hf import export_hf
+    from transformer.deploy.hf import export_hf
 
     directory = tmp_path_factory.mktemp("hf") / "marian"
     export_hf(Translator.load(random_checkpoint, device="cpu"), directory)

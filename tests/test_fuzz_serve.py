@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from transformer.serve import MAX_CHARS, AttentionRequest, TranslateRequest, create_app
-from transformer.translator import Translator
+from transformer.decoding.translator import Translator
+from transformer.deploy.serve import MAX_CHARS, AttentionRequest, TranslateRequest, create_app
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

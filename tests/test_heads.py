@@ -1,4 +1,4 @@
-"""Head masks, pruning, importance and attention maps (transformer.heads and its scripts).
+"""Head masks, pruning, importance and attention maps (transformer.tools.heads and its scripts).
 
 All models are tiny and random (vocabulary of a SentencePiece model trained here on 600
 Multi30k lines); nothing is trained.
@@ -16,9 +16,17 @@ import torch
 import torch.nn.functional as F
 from outputs import scored
 
-from transformer import attention_maps, heads
-from transformer.attention import MultiHeadAttention
-from transformer.checkpoint import (
+from transformer.cli import attention_maps as attention_maps_command
+from transformer.cli import head_importance as head_importance_command
+from transformer.cli import prune_heads as prune_heads_command
+from transformer.data.tokenizer import PAD_ID, Tokenizer, TokenizerPair
+from transformer.decoding.request import DecodingRequest
+from transformer.decoding.search import beam_search
+from transformer.decoding.translator import Translator
+from transformer.errors import CheckpointError
+from transformer.model.attention import MultiHeadAttention
+from transformer.model.transformer import ModelConfig, Transformer
+from transformer.run.checkpoint import (
     average_checkpoints,
     check_model_config,
     inference_checkpoint,
@@ -26,18 +34,10 @@ from transformer.checkpoint import (
     model_from_checkpoint,
     save_checkpoint,
 )
-from transformer.cli import attention_maps as attention_maps_command
-from transformer.cli import head_importance as head_importance_command
-from transformer.cli import prune_heads as prune_heads_command
-from transformer.config import DataConfig, DecodingSettings, TrainConfig, compose_config
-from transformer.decoding import DecodingRequest
-from transformer.errors import CheckpointError
-from transformer.model import ModelConfig, Transformer
+from transformer.run.config import DataConfig, DecodingSettings, TrainConfig, compose_config
 from transformer.runtime import DistEnv
-from transformer.search import beam_search
-from transformer.tokenizer import PAD_ID, Tokenizer, TokenizerPair
-from transformer.training import Trainer
-from transformer.translator import Translator
+from transformer.tools import attention_maps, heads
+from transformer.training.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -392,7 +392,7 @@ def test_validation_logs_attention_without_side_effects(tmp_path, multi30k_dir,
                                                         monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from transformer import training
+    from transformer.training import trainer as training
 
     cfg = compose_config([
         f"data.root={multi30k_dir}", f"data.spm_model={multi30k_small_tokenizer_path}",

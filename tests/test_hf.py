@@ -36,27 +36,27 @@ from transformers import (
     MarianTokenizer,
 )
 
-from transformer.checkpoint import (
+from transformer.cli import main as transformer_main
+from transformer.data.store import ParallelCorpus
+from transformer.data.text import ParallelText
+from transformer.data.tokenizer import TokenizerPair
+from transformer.decoding.request import DecodingRequest
+from transformer.decoding.search import search_corpus
+from transformer.decoding.translator import Translator
+from transformer.deploy.engines import load_translator
+from transformer.deploy.export import export_ctranslate2
+from transformer.deploy.hf import export_hf, import_hf, permutation, read_hf_tokenizers
+from transformer.errors import CheckpointError
+from transformer.model.loss import evaluate_loss
+from transformer.model.transformer import ModelConfig, Transformer
+from transformer.run.checkpoint import (
     inference_checkpoint,
     load_checkpoint,
     model_from_checkpoint,
     save_checkpoint,
     tokenizers_from_state,
 )
-from transformer.cli import main as transformer_main
-from transformer.config import DecodingSettings
-from transformer.decoding import DecodingRequest
-from transformer.engines import load_translator
-from transformer.errors import CheckpointError
-from transformer.export import export_ctranslate2
-from transformer.hf import export_hf, import_hf, permutation, read_hf_tokenizers
-from transformer.loss import evaluate_loss
-from transformer.model import ModelConfig, Transformer
-from transformer.search import search_corpus
-from transformer.store import ParallelCorpus
-from transformer.text import ParallelText
-from transformer.tokenizer import TokenizerPair
-from transformer.translator import Translator
+from transformer.run.config import DecodingSettings
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -148,7 +148,7 @@ def hf_config_dict(directory: Path) -> dict:
 
 
 def _model_config(config: dict) -> ModelConfig:
-    from transformer.hf import hf_model_config
+    from transformer.deploy.hf import hf_model_config
     return hf_model_config(config)
 
 
@@ -201,7 +201,7 @@ def teacher_forced_logits(hf_model, tokenizer, src: list[str], tgt: list[str],
 # ---- import ---------------------------------------------------------------------------------
 
 def test_permutation_turns_our_sinusoid_into_marians():
-    from transformer.model import PositionalEncoding
+    from transformer.model.transformer import PositionalEncoding
     ours = PositionalEncoding(8, 0.0, 16).P[0]  # sin, cos interleaved
     position = torch.arange(16.0)[:, None]
     frequencies = 10000 ** (-torch.arange(0, 8, 2) / 8)
@@ -266,7 +266,7 @@ def test_import_command_writes_a_run_every_tool_reads(trained_marian, tmp_path, 
     # the server
     from fastapi.testclient import TestClient
 
-    from transformer.serve import create_app
+    from transformer.deploy.serve import create_app
     with TestClient(create_app(translator)) as client:
         response = client.post("/translate", json={"text": lines[:3], "beam_size": 1})
     assert response.status_code == 200 and response.json()["translations"] == ours[:3]
@@ -468,7 +468,7 @@ def test_pre_norm_model_exports_as_pegasus(multi30k_tokenizer, tmp_path, text):
 def test_separate_vocabularies_are_refused_in_one_line(multi30k_tokenizer,
                                                        multi30k_small_tokenizer_path,
                                                        tmp_path, capsys):
-    from transformer.tokenizer import Tokenizer
+    from transformer.data.tokenizer import Tokenizer
     small = Tokenizer.load(multi30k_small_tokenizer_path)
     model = Transformer(ModelConfig(
         src_vocab_size=multi30k_tokenizer.vocab_size, tgt_vocab_size=small.vocab_size,

@@ -7,9 +7,9 @@ import torch
 from conftest import copy_sentence
 from torch import nn
 
-from transformer.blocks import AddNorm, DecoderBlock, EncoderBlock, PositionWiseFFN
-from transformer.checkpoint import load_checkpoint, model_from_checkpoint, tokenizers_from_state
-from transformer.model import ModelConfig, PositionalEncoding, Transformer, eval_mode
+from transformer.model.blocks import AddNorm, DecoderBlock, EncoderBlock, PositionWiseFFN
+from transformer.model.transformer import ModelConfig, PositionalEncoding, Transformer, eval_mode
+from transformer.run.checkpoint import load_checkpoint, model_from_checkpoint, tokenizers_from_state
 
 PAD, BOS, EOS = 0, 2, 3
 
@@ -206,7 +206,7 @@ def test_ffn_activation_is_the_named_function(activation, function):
 
 
 def test_output_bias_is_added_to_every_logit_and_trained_by_the_fused_loss():
-    from transformer.loss import LabelSmoothedLoss
+    from transformer.model.loss import LabelSmoothedLoss
 
     torch.manual_seed(0)
     config = ModelConfig(src_vocab_size=20, tgt_vocab_size=20, num_hiddens=16,

@@ -14,14 +14,15 @@ import pytest
 import sacrebleu
 from omegaconf import OmegaConf
 
-from transformer import multi30k, training
-from transformer.checkpoint import load_checkpoint
 from transformer.cli import translate as translate_command
-from transformer.config import CONFIG_DIR, DataConfig, compose_config
-from transformer.data import corpus_files, eval_set_files
+from transformer.data import multi30k
+from transformer.data.store import read_meta
 from transformer.errors import ConfigError
-from transformer.store import read_meta
-from transformer.training import train
+from transformer.run.checkpoint import load_checkpoint
+from transformer.run.config import CONFIG_DIR, DataConfig, compose_config
+from transformer.run.data import corpus_files, eval_set_files
+from transformer.training import trainer as training
+from transformer.training.trainer import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

@@ -8,8 +8,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.profiler import ProfilerActivity, profile
 
-import transformer.ops as ops
-from transformer.ops import Dropout, Linear, linear_label_smoothed_cross_entropy
+import transformer.model.layers as ops
+from transformer.model.layers import Dropout, Linear, linear_label_smoothed_cross_entropy
 
 
 def operators(f) -> set[str]:
@@ -170,7 +170,7 @@ def test_fused_loss_with_an_output_bias_equals_the_biased_projection():
 def test_fused_loss_chunks_are_sized_for_the_device():
     """A CPU chunk holds ~4M logits (cache-sized), a GPU chunk ~64M (an 8k-token batch of an
     8k vocabulary in one chunk); never fewer than MIN_CHUNK_ROWS rows."""
-    from transformer.ops import MIN_CHUNK_ROWS, default_chunk_rows
+    from transformer.model.layers import MIN_CHUNK_ROWS, default_chunk_rows
 
     assert default_chunk_rows(8000, torch.device("cpu")) == 2 ** 22 // 8000 == 524
     assert default_chunk_rows(8000, torch.device("cuda")) == 2 ** 26 // 8000 >= 8192

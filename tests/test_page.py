@@ -16,7 +16,7 @@ import pytest
 from conftest import PRUNED_HEADS, free_port, wait_until_up
 from playwright.sync_api import sync_playwright
 
-from transformer.translator import Translator
+from transformer.decoding.translator import Translator
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "serve.py"
 SENTENCE = "Two dogs play in the snow."
@@ -142,7 +142,7 @@ def test_page_asks_a_multilingual_model_for_its_target_language(multi30k_lines, 
     shows the translation into it and its attention."""
     from test_target_lang import MULTILINGUAL, TAGS, save
 
-    from transformer.tokenizer import Tokenizer
+    from transformer.data.tokenizer import Tokenizer
 
     texts = multi30k_lines("train.en.gz")[:1000] + multi30k_lines("train.de.gz")[:1000]
     checkpoint = save(Tokenizer.train(texts, vocab_size=500, tags=TAGS), MULTILINGUAL,

@@ -16,19 +16,19 @@ from conftest import run_command  # tests/conftest.py
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
-import transformer.ops as ops
-from transformer.batching import pad_rows
-from transformer.checkpoint import load_checkpoint, model_from_checkpoint
+import transformer.model.layers as ops
 from transformer.cli import serve as serve_command
 from transformer.cli.options import load_model
-from transformer.decoding import DecodingRequest, RequestError, option_name
+from transformer.data.batching import pad_rows
+from transformer.decoding.request import DecodingRequest, RequestError, option_name
+from transformer.decoding.search import search_corpus
+from transformer.decoding.translator import Translator, check_quantize
+from transformer.deploy.export import EXPORT_INFO, export_ctranslate2
+from transformer.deploy.hf import export_hf
 from transformer.errors import ConfigError, ExportError
-from transformer.export import EXPORT_INFO, export_ctranslate2
-from transformer.hf import export_hf
-from transformer.model import ModelConfig
-from transformer.ops import INT8_MAX_OUTPUTS, quantize_int8
-from transformer.search import search_corpus
-from transformer.translator import Translator, check_quantize
+from transformer.model.layers import INT8_MAX_OUTPUTS, quantize_int8
+from transformer.model.transformer import ModelConfig
+from transformer.run.checkpoint import load_checkpoint, model_from_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -181,8 +181,8 @@ def test_beam_search_feeds_the_int8_projection_whole_sentences_in_its_row_chunks
     time (whole sentences: a sentence's beams are ranked together), never joined into one
     (rows, vocabulary) tensor, and finds what one joined projection finds: the layer cuts
     the same chunks from it."""
-    import transformer.ops as ops
-    import transformer.search as search
+    import transformer.decoding.search as search
+    import transformer.model.layers as ops
 
     model = random_pair[1].model
     projection = model.output_projection
@@ -380,7 +380,7 @@ def test_serve_quantize_int8_serves_the_int8_model(random_checkpoint, random_pai
     """`transformer serve --quantize int8` loads the int8 model (`load_model`, as the
     command does); its translations and attention come from it."""
     testclient = pytest.importorskip("fastapi.testclient")
-    from transformer.serve import create_app
+    from transformer.deploy.serve import create_app
 
     args = serve_command.build_parser().parse_args(
         ["--checkpoint", str(random_checkpoint), "--device", "cpu", "--quantize", "int8"])

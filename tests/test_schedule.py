@@ -13,11 +13,12 @@ from itertools import pairwise
 import pytest
 from conftest import MULTI30K_EPOCH_TOKENS  # tests/conftest.py
 
-from transformer import checkpoint as ckpt
-from transformer.config import compose_config
 from transformer.errors import ConfigError
+from transformer.run import checkpoint as ckpt
+from transformer.run.config import compose_config
 from transformer.runtime import DistEnv
-from transformer.schedule import (
+from transformer.training.log import RunProgress
+from transformer.training.schedule import (
     BATCH_ROWS,
     DEFAULT_EPOCHS,
     DEFAULT_MAX_TIME,
@@ -33,8 +34,7 @@ from transformer.schedule import (
     lr_lambda,
     null_settings,
 )
-from transformer.train_log import RunProgress
-from transformer.training import Trainer, train
+from transformer.training.trainer import Trainer, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -121,7 +121,7 @@ def test_the_plan_is_logged_again_only_when_it_stays_changed(caplog):
     stays moved (the machine became slower) is, once."""
     s = schedule_of("trainer.max_time=10000")
     seconds = 0.0
-    with caplog.at_level(logging.INFO, logger="transformer.schedule"):
+    with caplog.at_level(logging.INFO, logger="transformer.training.schedule"):
         for n in range(1, 1001):
             s.observe(n - 1, 100.0 * (n - 1), seconds)
             seconds += (1.0 if n <= 600 else 2.0) + (20.0 if n == 300 else 0.0)
@@ -208,7 +208,7 @@ def test_a_time_budget_ends_its_cooldown_on_time_when_the_machine_slows_down(tmp
     budget's axis ends when the time does, at an lr near zero."""
     cfg = compose_config(small + ["trainer.max_time=300"])
     trainer = simulated_trainer(cfg, tmp_path, slows_down)
-    with caplog.at_level(logging.INFO, logger="transformer.schedule"):
+    with caplog.at_level(logging.INFO, logger="transformer.training.schedule"):
         result = trainer.fit()
     trainer.close()
     assert result.stop_reason == "max_time"
@@ -362,7 +362,7 @@ def test_the_recipe_at_a_token_budget_is_the_run_measured_there(tokens, settings
 
 def test_multi30k_has_the_epoch_tokens_the_tests_count_on(full_multi30k, tmp_path):
     """MULTI30K_EPOCH_TOKENS, measured: the recipe's tokenizer on the whole training set."""
-    from transformer.data import load_data
+    from transformer.run.data import load_data
 
     cfg = compose_config([f"data.root={full_multi30k}", "trainer.max_target_tokens=5500000"])
     data = load_data(cfg.data, tmp_path)
@@ -408,7 +408,7 @@ def test_a_time_budget_measures_the_speed_then_keeps_its_settings_when_resumed(
     leave = ["data.max_tokens=null", "model.dropout=null", "optim.lr=null",
              "optim.warmup_updates=2000"]
     cfg = compose_config(small + leave + ["trainer.max_time=300"])
-    with caplog.at_level(logging.INFO, logger="transformer.training"):
+    with caplog.at_level(logging.INFO, logger="transformer.training.trainer"):
         measured = Trainer(cfg, tmp_path / "measured", DistEnv())
     measured.close()
     speed = measured._tokens_per_second
@@ -452,7 +452,7 @@ def test_a_time_budget_measures_the_speed_then_keeps_its_settings_when_resumed(
 
 
 def experiment_presets() -> list[str]:
-    from transformer.config import CONFIG_DIR
+    from transformer.run.config import CONFIG_DIR
 
     return sorted(path.stem for path in (CONFIG_DIR / "experiment").glob("*.yaml"))
 
@@ -562,7 +562,7 @@ def test_own_files_with_no_limit_train_for_the_default_budget_and_say_when_they_
 def test_a_tiny_corpus_gets_the_vocabulary_sentencepiece_can_build(tmp_path, own_files):
     """40 pairs cannot fill the smallest vocabulary the rule chooses (1,000): the run takes
     the largest SentencePiece can build, and says so, instead of stopping."""
-    from transformer.data import load_data
+    from transformer.run.data import load_data
 
     cfg = compose_config(own_files)
     data = load_data(cfg.data, tmp_path)
@@ -574,7 +574,7 @@ def test_an_epoch_limit_before_the_budget_says_the_run_ends_uncooled(tmp_path, m
     cfg = compose_config(["experiment=smoke", f"data.root={multi30k_dir}",
                           "data.max_train_pairs=200", "trainer.max_epochs=1",
                           "trainer.precision=fp32"])
-    with caplog.at_level(logging.INFO, logger="transformer.training"):
+    with caplog.at_level(logging.INFO, logger="transformer.training.trainer"):
         Trainer(cfg, tmp_path, DistEnv()).close()
     assert "trainer.max_epochs=1 ends the run first, at ~1% of its budget" in caplog.text
     assert "the learning rate is not cooled down" in caplog.text
@@ -583,10 +583,10 @@ def test_an_epoch_limit_before_the_budget_says_the_run_ends_uncooled(tmp_path, m
 def test_the_progress_bar_spans_the_whole_run_with_the_time_left(monkeypatch):
     """One bar for the run: its share done never goes back (epochs do not restart it), and
     the time left is the time so far per share done times the share left."""
-    from transformer.train_log import Meter
+    from transformer.training.log import Meter
 
     now = [100.0]
-    monkeypatch.setattr("transformer.train_log.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("transformer.training.log.time.monotonic", lambda: now[0])
     bar = RunProgress(enabled=True, progress=0.25)
     assert bar.left(0.25) is None  # nothing measured yet
     shown = []

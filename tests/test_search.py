@@ -10,9 +10,9 @@ import pytest
 import torch
 from reference_search import reference_beam_search
 
-from transformer.decoding import DecodingRequest, Sampling
-from transformer.model import ModelConfig, Transformer
-from transformer.search import (
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.decoding.request import DecodingRequest, Sampling
+from transformer.decoding.search import (
     DEFAULT_ALPHA,
     beam_search,
     length_penalty,
@@ -21,8 +21,8 @@ from transformer.search import (
     sample_search,
     search_corpus,
 )
-from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer.translator import Translator
+from transformer.decoding.translator import Translator
+from transformer.model.transformer import ModelConfig, Transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -91,7 +91,7 @@ def test_cached_equals_uncached(model):
 def test_a_search_leaves_its_cache_buffers_for_the_next_search(model, monkeypatch):
     """Beam and greedy search release their caches when they end (exceptions included):
     the next search writes into the same buffers, and finds the same outputs."""
-    from transformer.attention import CACHE_BUFFERS
+    from transformer.model.attention import CACHE_BUFFERS
     src, lens = random_batch()
     CACHE_BUFFERS.clear()
     first = beam_search(model, src, lens, DecodingRequest(beam_size=5, nbest=5))
@@ -107,7 +107,7 @@ def test_a_search_leaves_its_cache_buffers_for_the_next_search(model, monkeypatc
     assert {b.data_ptr() for b in CACHE_BUFFERS._kept} == kept
     assert greedy == greedy_search(model, src, lens, use_cache=False)
     CACHE_BUFFERS.clear()
-    import transformer.search as search
+    import transformer.decoding.search as search
     steps = []
     best = search._best_candidates
 
@@ -142,7 +142,7 @@ def thirty_sources() -> list[list[int]]:
 def batch_sizes_searched(monkeypatch) -> list[int]:
     """A list that each batch `search_corpus` searches from now on (by beam search or
     sampling) appends its number of sentences to."""
-    import transformer.search as search
+    import transformer.decoding.search as search
     sizes = []
 
     def counted(searcher):
@@ -162,7 +162,7 @@ def batch_sizes_searched(monkeypatch) -> list[int]:
 def test_search_corpus_batches_at_most_max_rows(model, monkeypatch, request_):
     """Each batch of `search_corpus` holds at most MAX_ROWS rows (sentences x beam; one row
     per sentence when sampling), and its results equal one batch's."""
-    import transformer.search as search
+    import transformer.decoding.search as search
     sources = thirty_sources()
     whole = search_corpus(model, sources, request_, max_tokens=10_000)
     sizes = batch_sizes_searched(monkeypatch)

@@ -1,4 +1,4 @@
-"""The translation server (transformer.serve) through FastAPI's test client: answers equal
+"""The translation server (transformer.deploy.serve) through FastAPI's test client: answers equal
 the torch Translator's own output, in input order; n-best; attention weights equal
 `attention_maps`' and each row sums to 1 over the real keys; every limit and bad input gets a
 4xx naming the field and the server goes on serving; no request can choose a file; the
@@ -17,12 +17,11 @@ from conftest import PRUNED_HEADS  # tests/conftest.py
 from fastapi.testclient import TestClient
 from outputs import scored
 
-from transformer.alignment import format_alignment
-from transformer.attention_maps import attention_maps
 from transformer.cli import serve as serve_command
-from transformer.decoding import AlignmentOptions, DecodingRequest, Sampling
-from transformer.model import ModelConfig
-from transformer.serve import (
+from transformer.decoding.alignment import format_alignment
+from transformer.decoding.request import AlignmentOptions, DecodingRequest, Sampling
+from transformer.decoding.translator import BaseTranslator, Translator
+from transformer.deploy.serve import (
     MAX_BEAM,
     MAX_BODY_BYTES,
     MAX_CHARS,
@@ -31,7 +30,8 @@ from transformer.serve import (
     BatchLimits,
     create_app,
 )
-from transformer.translator import BaseTranslator, Translator
+from transformer.model.transformer import ModelConfig
+from transformer.tools.attention_maps import attention_maps
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -405,9 +405,9 @@ def test_the_ctranslate2_engine_serves_translations_but_not_attention(random_che
                                                                       tmp_path):
     """transformer serve --engine ctranslate2: the same API over an exported model; its
     answers are that engine's, /attention is refused (501) and /info says which engine."""
-    from transformer.engines import load_translator
-    from transformer.export import export_ctranslate2
-    from transformer.vocab_map import VocabMap
+    from transformer.decoding.vocab_map import VocabMap
+    from transformer.deploy.engines import load_translator
+    from transformer.deploy.export import export_ctranslate2
 
     export_ctranslate2(Translator.load(random_checkpoint, device="cpu"), tmp_path / "ct2")
     ct2 = load_translator(tmp_path / "ct2", "ctranslate2", threads=1)

@@ -15,20 +15,20 @@ import torch
 from conftest import MULTI30K_SLICE, assert_reported, run_command  # tests/conftest.py
 from fastapi.testclient import TestClient
 
-from transformer import translator as translator_module
-from transformer.checkpoint import inference_checkpoint, save_checkpoint
-from transformer.config import CorpusConfig, DataConfig, TrainConfig
-from transformer.decoding import AlignmentOptions, RequestError, Sampling, option_name
-from transformer.engines import load_translator
+from transformer.data.store import ParallelCorpus
+from transformer.data.tokenizer import Tokenizer, TokenizerPair
+from transformer.decoding import translator as translator_module
+from transformer.decoding.request import AlignmentOptions, RequestError, Sampling, option_name
+from transformer.decoding.translator import Translator
+from transformer.deploy.engines import load_translator
+from transformer.deploy.export import check_exportable, export_ctranslate2
+from transformer.deploy.hf import export_hf
+from transformer.deploy.serve import create_app
 from transformer.errors import ExportError
-from transformer.export import check_exportable, export_ctranslate2
-from transformer.hf import export_hf
-from transformer.loss import sentence_log_probs
-from transformer.model import ModelConfig, Transformer
-from transformer.serve import create_app
-from transformer.store import ParallelCorpus
-from transformer.tokenizer import Tokenizer, TokenizerPair
-from transformer.translator import Translator
+from transformer.model.loss import sentence_log_probs
+from transformer.model.transformer import ModelConfig, Transformer
+from transformer.run.checkpoint import inference_checkpoint, save_checkpoint
+from transformer.run.config import CorpusConfig, DataConfig, TrainConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -344,8 +344,8 @@ def test_tune_decoding_scores_each_validation_set_into_its_language(tokenizer, t
     and scored by sacreBLEU; the trial's BLEU is their mean (what the choice compares)."""
     import sacrebleu
 
-    from transformer.config import EvalSetConfig
-    from transformer.evaluation import evaluation_sets, tune_decoding
+    from transformer.run.config import EvalSetConfig
+    from transformer.tools.evaluation import evaluation_sets, tune_decoding
 
     valid = [EvalSetConfig(name=f"en-{lang}", src=str(MULTI30K_SLICE / "val.en.gz"),
                            tgt=str(MULTI30K_SLICE / "val.de.gz"), tgt_lang=lang)

@@ -9,7 +9,7 @@ import unicodedata
 import pytest
 import sentencepiece as spm
 
-from transformer.tokenizer import (
+from transformer.data.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,

@@ -16,19 +16,19 @@ import numpy as np
 import pytest
 import torch
 
-from transformer import checkpoint as ckpt
 from transformer import cli
 from transformer.cli import plot_curves as plot_curves_command
-from transformer.config import compose_config
+from transformer.data.tokenizer import PAD_ID
 from transformer.errors import ConfigError, TrainingError
-from transformer.loss import LabelSmoothedLoss
-from transformer.model import ModelConfig, Transformer
-from transformer.optimizer import build_optimizer, decayed_parameters
-from transformer.plots import validation_curve
+from transformer.model.loss import LabelSmoothedLoss
+from transformer.model.transformer import ModelConfig, Transformer
+from transformer.run import checkpoint as ckpt
+from transformer.run.config import compose_config
 from transformer.runtime import DistEnv, cpu_has_native_bf16, resolve_precision
-from transformer.schedule import lr_lambda
-from transformer.tokenizer import PAD_ID
-from transformer.training import Trainer, train
+from transformer.tools.plots import validation_curve
+from transformer.training.optimizer import build_optimizer, decayed_parameters
+from transformer.training.schedule import lr_lambda
+from transformer.training.trainer import Trainer, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

@@ -21,27 +21,27 @@ import torch
 from conftest import copy_sentence
 from outputs import scored
 
-from transformer.alignment import format_alignment, word_alignment
-from transformer.checkpoint import inference_checkpoint, save_checkpoint, stored_decoding
 from transformer.cli import translate as translate_command
 from transformer.cli import tune_decoding as tune_decoding_command
 from transformer.cli.reports import bleu_report, paper_protocol, translate_lines
-from transformer.config import DecodingSettings
-from transformer.decoding import AlignmentOptions, DecodingRequest
+from transformer.data.store import ParallelCorpus
+from transformer.data.text import ParallelText
+from transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer, TokenizerPair
+from transformer.decoding.alignment import format_alignment, word_alignment
+from transformer.decoding.request import AlignmentOptions, DecodingRequest
+from transformer.decoding.search import beam_search, length_penalty, sample_search
+from transformer.decoding.translator import Translator
 from transformer.errors import CheckpointError
-from transformer.evaluation import (
+from transformer.model.loss import teacher_forced_loss
+from transformer.model.transformer import ModelConfig, Transformer
+from transformer.run.checkpoint import inference_checkpoint, save_checkpoint, stored_decoding
+from transformer.run.config import DecodingSettings
+from transformer.tools.evaluation import (
     EvaluationSet,
     best_trial,
     checkpoints_within,
     tune_decoding,
 )
-from transformer.loss import teacher_forced_loss
-from transformer.model import ModelConfig, Transformer
-from transformer.search import beam_search, length_penalty, sample_search
-from transformer.store import ParallelCorpus
-from transformer.text import ParallelText
-from transformer.tokenizer import EOS_ID, PAD_ID, Tokenizer, TokenizerPair
-from transformer.translator import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

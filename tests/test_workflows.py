@@ -15,10 +15,10 @@ from conftest import assert_reported, run_command
 from sacrebleu import sentence_chrf
 
 from transformer import cli
-from transformer.checkpoint import inference_checkpoint, save_checkpoint
-from transformer.config import CONFIG_DIR, TrainConfig, compose_config
-from transformer.translator import Translator
-from transformer.workflows import chunk_seed, keep_mask, work_files
+from transformer.decoding.translator import Translator
+from transformer.run.checkpoint import inference_checkpoint, save_checkpoint
+from transformer.run.config import CONFIG_DIR, TrainConfig, compose_config
+from transformer.tools.workflows import chunk_seed, keep_mask, work_files
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from transformer.config import compose_config
+from transformer.run.config import compose_config
 from transformer.runtime import init_distributed, resolve_device
-from transformer.training import Trainer
+from transformer.training.trainer import Trainer
 
 
 def main() -> None:

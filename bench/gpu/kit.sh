@@ -8,7 +8,7 @@
 #
 # Run it where the package is installed with its paper extra (pip install -e '.[paper]'),
 # with access to the package index. DATA_DIR holds Multi30k's raw files and tok/
-# (transformer.multi30k.download_multi30k(DIR, ("en", "de"), tokenized=True)).
+# (transformer.data.multi30k.download_multi30k(DIR, ("en", "de"), tokenized=True)).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DATA=${1:-${MULTI30K_DIR:-../shared/data/multi30k}}

@@ -31,7 +31,7 @@ from .. import __version__
 from ..errors import TransformerError
 
 if TYPE_CHECKING:
-    from ..config import TrainConfig
+    from ..run.config import TrainConfig
 
 __all__ = ["COMMANDS", "main", "command_module", "summary", "command_parser",
            "DefaultsHelpFormatter", "shown_default", "has_shown_default", "report_errors",
@@ -137,7 +137,7 @@ def report_errors(run: Callable[[], object]) -> int:
 def _command_line_message(error: Exception) -> str:
     """The error's message; a decoding request's names its fields as the commands' options
     ("--nbest", not "nbest")."""
-    from ..decoding import RequestError, option_name
+    from ..decoding.request import RequestError, option_name
 
     return error.message(option_name) if isinstance(error, RequestError) else str(error)
 
@@ -160,7 +160,7 @@ def hydra_command(task: Callable[[TrainConfig, Path], object]) -> Callable[..., 
         if "-h" in args or "--help" in args:
             doc = sys.modules[task.__module__].__doc__ or command
             return report_errors(lambda: print(_hydra_help(command, doc, args)))
-        from ..config import register_configs
+        from ..run.config import register_configs
 
         register_configs()
         new_run_dir = _NewRunDirectory.before(args)
@@ -180,7 +180,7 @@ def _run_hydra(task: Callable[[TrainConfig, Path], object],
     from omegaconf import DictConfig
     from omegaconf.errors import OmegaConfBaseException
 
-    from ..config import CONFIG_DIR, load_config, override_error
+    from ..run.config import CONFIG_DIR, load_config, override_error
 
     def run_task(cfg: DictConfig) -> None:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -226,7 +226,7 @@ def _hydra_help(command: str, doc: str, args: Sequence[str]) -> str:
     where Hydra's own options are."""
     from hydra._internal.utils import get_args_parser
 
-    from ..config_docs import config_help
+    from ..run.config_docs import config_help
 
     parsed, _ = get_args_parser().parse_known_args(list(args))
     config_dir = Path(parsed.config_dir) if parsed.config_dir else None

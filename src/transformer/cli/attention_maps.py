@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from ..attention_maps import write_attention_maps
-from ..translator import Translator
+from ..decoding.translator import Translator
+from ..tools.attention_maps import write_attention_maps
 from . import command_parser, report_errors
 from .options import add_device_options, check_counts
 

@@ -20,8 +20,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..checkpoint import average_checkpoints, numbered_checkpoints, save_checkpoint
 from ..errors import CheckpointError, ConfigError
+from ..run.checkpoint import average_checkpoints, numbered_checkpoints, save_checkpoint
 from . import command_parser, report_errors
 
 

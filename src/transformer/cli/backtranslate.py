@@ -41,11 +41,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..config import CorpusConfig
+from ..decoding.translator import BaseTranslator
 from ..errors import ConfigError
 from ..files import atomic_write
-from ..translator import BaseTranslator
-from ..workflows import (
+from ..run.config import CorpusConfig
+from ..tools.workflows import (
     BacktranslationSettings,
     backtranslate,
     corpus_fragment,

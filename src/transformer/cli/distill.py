@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..workflows import count_input, distill
+from ..tools.workflows import count_input, distill
 from . import command_parser, report_errors
 from .options import (
     add_chunk_lines,

@@ -35,11 +35,11 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..decoding.translator import Translator
+from ..decoding.vocab_map import DEFAULT_ALWAYS, DEFAULT_PER_SOURCE, build_vocab_map
+from ..deploy.export import QUANTIZATIONS, check_exportable, export_ctranslate2, require_ctranslate2
+from ..deploy.hf import export_hf
 from ..errors import ConfigError
-from ..export import QUANTIZATIONS, check_exportable, export_ctranslate2, require_ctranslate2
-from ..hf import export_hf
-from ..translator import Translator
-from ..vocab_map import DEFAULT_ALWAYS, DEFAULT_PER_SOURCE, build_vocab_map
 from . import command_parser, report_errors
 
 FORMATS = ("ctranslate2", "hf")

@@ -7,7 +7,7 @@
 For every head of every attention layer (encoder self, decoder self, encoder-decoder):
 the change in loss (cross-entropy per token) and BLEU when that head alone is masked, the
 expected absolute gradient of the loss w.r.t. a gate on the head, and the mean entropy of
-its attention (see transformer.heads). BLEU decodes with beam search of --beam-size
+its attention (see transformer.tools.heads). BLEU decodes with beam search of --beam-size
 (1, the default, is greedy search). Prints a table; writes head_importance.csv and
 head_importance.png to --output-dir. `python scripts/head_importance.py` is the same command.
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..attention_maps import attention_layers
-from ..heads import format_table, head_importance, plot_importance, write_csv
+from ..tools.attention_maps import attention_layers
+from ..tools.heads import format_table, head_importance, plot_importance, write_csv
 from . import command_parser, report_errors
 from .options import add_evaluation_options, check_counts, load_for_evaluation
 

@@ -18,9 +18,9 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..checkpoint import BEST, save_checkpoint
+from ..deploy.hf import import_hf
 from ..errors import CheckpointError
-from ..hf import import_hf
+from ..run.checkpoint import BEST, save_checkpoint
 from . import command_parser, report_errors
 
 

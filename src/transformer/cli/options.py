@@ -18,14 +18,14 @@ from pathlib import Path
 
 import torch
 
-from ..config import DecodingSettings
-from ..decoding import OPTIONS, DecodingRequest, option_name
-from ..engines import ENGINES, load_translator
+from ..data.text import ParallelText
+from ..decoding.request import OPTIONS, DecodingRequest, option_name
+from ..decoding.search import DEFAULT_MAX_TOKENS
+from ..decoding.translator import QUANTIZE, BaseTranslator, Translator
+from ..deploy.engines import ENGINES, load_translator
 from ..errors import ConfigError
-from ..evaluation import evaluation_text
-from ..search import DEFAULT_MAX_TOKENS
-from ..text import ParallelText
-from ..translator import QUANTIZE, BaseTranslator, Translator
+from ..run.config import DecodingSettings
+from ..tools.evaluation import evaluation_text
 
 __all__ = ["add_model_options", "add_device_options", "add_max_tokens", "add_chunk_lines",
            "check_counts", "check_outputs", "load_model", "add_decoding_options",

@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..plots import plot_validation_curves
+from ..tools.plots import plot_validation_curves
 from . import command_parser, report_errors
 
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..checkpoint import load_init_checkpoint, tokenizers_from_state
-from ..config import TrainConfig
-from ..data import load_data
-from ..train_log import setup_logging
+from ..run.checkpoint import load_init_checkpoint, tokenizers_from_state
+from ..run.config import TrainConfig
+from ..run.data import load_data
+from ..training.log import setup_logging
 from . import hydra_command
 
 

@@ -21,9 +21,9 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..checkpoint import inference_checkpoint, save_checkpoint
 from ..errors import ConfigError
-from ..heads import gradient_importance, heads_to_prune, teacher_forced_batches
+from ..run.checkpoint import inference_checkpoint, save_checkpoint
+from ..tools.heads import gradient_importance, heads_to_prune, teacher_forced_batches
 from . import command_parser, report_errors
 from .options import add_evaluation_options, check_counts, load_for_evaluation
 

@@ -16,11 +16,11 @@ from typing import TextIO
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from ..alignment import format_alignment
-from ..decoding import DecodingRequest
+from ..decoding.alignment import format_alignment
+from ..decoding.request import DecodingRequest
+from ..decoding.search import DEFAULT_MAX_TOKENS
+from ..decoding.translator import BaseTranslator, Translation
 from ..errors import DataError, require
-from ..search import DEFAULT_MAX_TOKENS
-from ..translator import BaseTranslator, Translation
 
 __all__ = ["format_nbest", "format_output", "translate_lines", "score_lines", "bleu_report",
            "paper_protocol", "progress_bar"]

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> None:
     check_counts(args)
     require("fastapi", extra="serve", feature="transformer serve")  # what ..serve builds on
     uvicorn = require("uvicorn", extra="serve", feature="transformer serve")
-    from ..serve import create_app
+    from ..deploy.serve import create_app
 
     translator = load_model(args)
     uvicorn.run(create_app(translator), host=args.host, port=args.port,

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import TrainConfig
-from ..training import train
+from ..run.config import TrainConfig
+from ..training.trainer import train
 from . import hydra_command
 
 

@@ -51,10 +51,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..data.text import count_lines, iter_lines, read_lines
+from ..decoding.translator import BaseTranslator
 from ..errors import ConfigError, DataError
 from ..files import atomic_write
-from ..text import count_lines, iter_lines, read_lines
-from ..translator import BaseTranslator
 from . import command_parser, report_errors
 from .options import (
     add_chunk_lines,

@@ -24,22 +24,22 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import (
+from ..decoding.search import DEFAULT_MAX_TOKENS
+from ..decoding.translator import Translator
+from ..errors import ConfigError
+from ..run.checkpoint import (
     inference_checkpoint,
     load_checkpoint,
     save_checkpoint,
     stored_training_config,
 )
-from ..errors import ConfigError
-from ..evaluation import (
+from ..tools.evaluation import (
     DecodingTrial,
     best_trial,
     checkpoints_within,
     evaluation_sets,
     tune_decoding,
 )
-from ..search import DEFAULT_MAX_TOKENS
-from ..translator import Translator
 from . import command_parser, report_errors
 from .options import add_evaluation_options, check_counts
 

@@ -1,0 +1,488 @@
+"""Decoding: beam search and sampling over the model's key/value cache, and
+`search_corpus`, the one path that decodes many sentences (training validation, the
+Translator, evaluation): sorted longest first, packed into batches of at most `max_tokens`
+source tokens and `MAX_ROWS` rows (`batching.pack`), returned in input order, as a
+`decoding.DecodingRequest` asks.
+
+Each step feeds only the newest token; the decoder's self-attention keys/values grow in a
+preallocated cache (`attention.KVCache`), and the encoder-decoder keys/values are projected
+once per sentence and shared by its beams. A request's `use_cache=False` re-runs the decoder
+over the whole prefix instead (the reference for tests and benchmarks).
+
+Conventions shared by both searches:
+- The output of a sentence is at most `max_len = a * source_len + b` tokens, EOS not counted
+  (`max_output_lengths`), and at least its prefix; at the limit EOS is forced.
+- Decoding starts from the model's `start_id` (BOS; Marian models: PAD) and ends with its
+  `eos_id`; PAD and the start token are never generated (their logits are masked); UNK may
+  be. A target prefix forces each output's first tokens (their log-probs count).
+- A finished hypothesis of `n` output tokens plus EOS has the GNMT length-normalised score
+  `log_prob / lp(n + 1)`, `lp(L) = ((5 + L) / 6) ** alpha`: L counts the EOS token.
+
+Beam search, in short (rows = sentences x beam, scores = cumulative log-probs), as fairseq
+and CTranslate2 search:
+- Step 0 decodes one row per sentence and its best tokens start the beam, so no hypothesis
+  appears twice.
+- Each step takes the best 2 * beam candidates over beam x vocab per sentence (each row's
+  log-probs computed in place, then one top-k; an int8 output projection's logits a chunk
+  of whole sentences at a time, `ops.rows_per_call`). Candidates ending in EOS among the best
+  `beam` become finished hypotheses; the best `beam` others go on, so the beam stays full
+  (with `beam_size=1` this is exactly greedy search, whatever alpha).
+- A sentence stops when it has `beam` finished hypotheses and, at some step, its best
+  candidate was EOS (CTranslate2's and OpenNMT-py's rule: as long as the most likely
+  continuation goes on, a longer output may still win), or earlier when the best alive one
+  cannot beat its `nbest`-th finished one: log-probs only decrease and, for alpha >= 0,
+  `lp` only grows with length, so an alive hypothesis with cumulative log-prob `s` can at
+  best reach `s / lp(max_len + 1)`. All finished hypotheses are ranked by their GNMT score.
+- Finished sentences leave the batch (their rows are dropped from the caches).
+
+Sampling (`decoding.Sampling`, `sample_search`) draws each token instead (back-translation); top-k 1
+is greedy search. With `parallel` CPU threads, `decode_batches` searches that many batches
+at once, one thread each (beam search's batches packed in full rounds of the threads:
+`batching.even_rounds`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from ..data.batching import even_rounds, pad_rows, sorted_batches
+from ..model.blocks import LayerCache
+from ..model.layers import rows_per_call
+from ..model.transformer import Transformer, eval_mode
+from ..run.config import DecodingSettings
+from .request import DecodingRequest, Sampling
+
+__all__ = ["DEFAULT_ALPHA", "DEFAULT_MAX_TOKENS", "Hypothesis", "GREEDY", "draw",
+           "length_penalty", "max_output_lengths", "sample_search", "beam_search",
+           "pad_prefixes", "search_corpus", "decode_batches"]
+
+DEFAULT_ALPHA = DecodingSettings.alpha
+DEFAULT_MAX_TOKENS = 8192  # source tokens per decoding batch, padding included, before the beam
+# Rows (sentences x beam) per decoding batch, at the most: fewer rows make each step's fixed
+# costs weigh more, many more make the caches copied every step outgrow the CPU's caches
+# (docs/RESULTS.md, "Engines on every CPU").
+MAX_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One finished translation: output ids (no BOS/EOS) and its scores."""
+
+    tokens: list[int]
+    score: float  # log_prob / length_penalty(len(tokens) + 1, alpha), used for ranking
+    log_prob: float  # sum of the token log-probs, EOS included
+    # encoder-decoder attention (tokens, source + EOS), where an engine was asked for it
+    attention: Tensor | None = field(default=None, compare=False, repr=False)
+
+
+def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
+    """GNMT's length penalty ((5 + length) / 6) ** alpha; `length` counts EOS."""
+    return ((5 + length) / 6) ** alpha
+
+
+def max_output_lengths(src_valid_lens: Tensor, max_len_a: float, max_len_b: int,
+                       max_positions: int) -> Tensor:
+    """The most output tokens (EOS not counted) per sentence: a * source_len + b, within
+    the model's limit (BOS + output must fit in `max_positions`; a and b of any size)."""
+    lengths = ((src_valid_lens.float() * max_len_a).clamp(max=max_positions).long()
+               + min(max_len_b, max_positions))
+    return lengths.clamp(min=1, max=max_positions - 1)
+
+
+def _next_hidden(model: Transformer, tokens: Tensor, enc_outputs: Tensor,
+                 src_valid_lens: Tensor, cache: list[LayerCache] | None) -> Tensor:
+    """The decoder's state after each row of `tokens` (rows, steps) -> (rows, d), the
+    output projection's input. With `cache` only the last token is fed; without, the
+    decoder re-reads the whole prefix."""
+    if cache is not None:
+        return model.decoder(tokens[:, -1:], enc_outputs, src_valid_lens, cache)[:, -1]
+    return model.decoder(tokens, enc_outputs, src_valid_lens)[:, -1]
+
+
+def _logits(model: Transformer, hidden: Tensor) -> Tensor:
+    """Float logits of the next token from decoder states (rows, d) -> (rows, vocab), PAD
+    and the start token at -inf (never generated)."""
+    c = model.config
+    logits = model.output_projection(hidden).float()
+    logits[:, c.pad_id] = float("-inf")  # a fresh tensor: in place
+    logits[:, c.start_id] = float("-inf")
+    return logits
+
+
+@contextlib.contextmanager
+def _search_cache(model: Transformer, use_cache: bool) -> Iterator[list[LayerCache] | None]:
+    """`model.new_cache()` for one search (None without `use_cache`); when the search
+    ends, its buffers go to `attention.CACHE_BUFFERS` for the next search to write into."""
+    cache = model.new_cache() if use_cache else None
+    try:
+        yield cache
+    finally:
+        for layer in cache or ():
+            layer.release()
+
+
+def _select_cache(cache: list[LayerCache] | None, rows: Tensor,
+                  sentences: Tensor | None = None) -> None:
+    """Keep/reorder the self-attention cache `rows`, and the cross-attention cache (one
+    row per sentence) `sentences`, where given."""
+    for layer in cache or ():
+        layer.self_attention.reorder(rows)
+        if sentences is not None:
+            layer.cross_attention.reorder(sentences)
+
+
+def draw(sampling: Sampling, logits: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One token per row of logits (rows, vocab) -> (rows,), drawn as `sampling` says, by
+    inverse transform sampling over the candidates: one uniform number per row
+    (`torch.multinomial` draws one per row and token)."""
+    if sampling.topk == 1:
+        return logits.argmax(-1)
+    if sampling.topk > 0:  # the k most likely tokens, most likely first
+        values, tokens = logits.topk(min(sampling.topk, logits.shape[1]), dim=-1)
+    elif sampling.topp < 1:
+        values, tokens = logits.sort(-1, descending=True)
+    else:
+        values, tokens = logits, None
+    values = values / sampling.temperature
+    if sampling.topp < 1:  # out: candidates after the first whose cumulative probability >= p
+        probs = values.softmax(-1)
+        values = values.masked_fill(probs.cumsum(-1) - probs >= sampling.topp, float("-inf"))
+    cdf = values.softmax(-1).cumsum(-1)  # (rows, candidates)
+    u = torch.rand(len(cdf), 1, generator=generator, device=cdf.device) * cdf[:, -1:]
+    choice = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[1] - 1)  # (rows, 1)
+    return (choice if tokens is None else tokens.gather(1, choice)).squeeze(1)
+
+
+GREEDY = Sampling(topk=1)
+
+
+@torch.no_grad()
+def sample_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
+                  request: DecodingRequest = DecodingRequest(beam_size=1), *,
+                  generator: torch.Generator | None = None,
+                  prefix: Tensor | None = None) -> list[Hypothesis]:
+    """Translate a batch one token at a time, each drawn by `request.sampling` (None: the
+    most likely one, greedy search) -> one hypothesis per sentence. Its log-prob is the
+    model's, whatever the temperature. `prefix` (batch, longest) holds tokens each output
+    must begin with, -1 after a sentence's own (see `pad_prefixes`)."""
+    sampling, alpha = request.sampling or GREEDY, request.alpha
+    start, eos = model.config.start_id, model.config.eos_id
+    max_lens, prefix, prefix_lens = _limits(model, src_valid_lens, request, prefix)
+    outputs: list[Hypothesis] = [Hypothesis([], 0.0, 0.0)] * src.shape[0]
+    with eval_mode(model), _search_cache(model, request.use_cache) as cache:
+        enc_outputs = model.encode(src, src_valid_lens)
+        tokens = torch.full((src.shape[0], 1), start, dtype=torch.long, device=src.device)
+        log_probs = torch.zeros(src.shape[0], device=src.device)
+        sentence = torch.arange(src.shape[0], device=src.device)  # original index of each row
+        for step in range(int(max_lens.max()) + 1):
+            logits = _logits(model, _next_hidden(model, tokens, enc_outputs, src_valid_lens,
+                                                 cache))
+            forced = _forced(step, max_lens, prefix, prefix_lens, eos)  # (rows,)
+            next_tokens = torch.where(forced >= 0, forced, draw(sampling, logits, generator))
+            log_probs += torch.log_softmax(logits, -1, out=logits).gather(
+                1, next_tokens[:, None]).squeeze(1)  # in place, as beam search
+            tokens = torch.cat([tokens, next_tokens[:, None]], 1)  # (rows, 2 + step)
+            done = next_tokens == eos
+            if not bool(done.any()):
+                continue
+            for row in done.nonzero().squeeze(1).tolist():
+                log_prob = float(log_probs[row])
+                outputs[int(sentence[row])] = Hypothesis(
+                    tokens[row, 1:-1].tolist(), log_prob / length_penalty(step + 1, alpha),
+                    log_prob)
+            keep = (~done).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            tokens, enc_outputs, src_valid_lens, max_lens, sentence, log_probs, prefix, \
+                prefix_lens = (x.index_select(0, keep) for x in (
+                    tokens, enc_outputs, src_valid_lens, max_lens, sentence, log_probs,
+                    prefix, prefix_lens))
+            _select_cache(cache, keep, keep)
+    return outputs
+
+
+def _limits(model: Transformer, src_valid_lens: Tensor, request: DecodingRequest,
+            prefix: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """-> each sentence's length limit (at least its prefix), the prefix (batch, P >= 1),
+    -1 padded, and its lengths (batch,)."""
+    max_lens = max_output_lengths(src_valid_lens, request.max_len_a, request.max_len_b,
+                                  model.config.max_positions)  # (batch,)
+    if prefix is None:
+        prefix = torch.full((len(src_valid_lens), 1), -1, device=src_valid_lens.device)
+    prefix_lens = (prefix >= 0).sum(1)
+    if int(prefix_lens.max()) >= model.config.max_positions:
+        raise ValueError(f"a prefix of {int(prefix_lens.max())} tokens leaves no room for EOS "
+                         f"within model.max_positions={model.config.max_positions}")
+    return torch.maximum(max_lens, prefix_lens), prefix, prefix_lens
+
+
+def _forced(step: int, max_lens: Tensor, prefix: Tensor, prefix_lens: Tensor,
+            eos: int) -> Tensor:
+    """The token each sentence must take at `step`: its prefix's, EOS at its length limit,
+    else -1 (free) -> (batch,)."""
+    forced = (prefix[:, step] if step < prefix.shape[1]
+              else torch.full_like(prefix_lens, -1))
+    return torch.where(max_lens == step, eos, forced)
+
+
+def pad_prefixes(prefixes: Sequence[Sequence[int]], device: torch.device) -> Tensor:
+    """Per-sentence target prefixes (piece ids) -> (batch, longest or 1), -1 padded."""
+    return pad_rows(prefixes, -1, device)[0]
+
+
+@torch.no_grad()
+def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
+                request: DecodingRequest = DecodingRequest(), *,
+                prefix: Tensor | None = None) -> list[list[Hypothesis]]:
+    """Translate a batch with beam search -> the `request.nbest` best hypotheses per
+    sentence, best first (see the module docstring for the search and stopping rule).
+    `prefix` (batch, longest), -1 padded: tokens each output must begin with
+    (`pad_prefixes`)."""
+    k, nbest, alpha, device = request.beam_size, request.nbest, request.alpha, src.device
+    start, eos = model.config.start_id, model.config.eos_id
+    num_sentences = src.shape[0]
+    finished: list[list[Hypothesis]] = [[] for _ in range(num_sentences)]  # best first
+    # Per active sentence (a): original index, length limit, hypotheses finished so far,
+    # the nbest-th best of their scores, and whether its best candidate has ended.
+    sentence = torch.arange(num_sentences, device=device)
+    max_lens, prefix, prefix_lens = _limits(model, src_valid_lens, request, prefix)
+    num_finished = torch.zeros(num_sentences, dtype=torch.long, device=device)
+    top_ended = torch.zeros(num_sentences, dtype=torch.bool, device=device)
+    kth_score = torch.full((num_sentences,), float("-inf"), device=device)
+    scores = torch.zeros(num_sentences, 1, device=device)  # (a, rows per sentence)
+    ranks = torch.arange(2 * k, device=device)
+    with eval_mode(model), _search_cache(model, request.use_cache) as cache:
+        # Step 0 runs one row per sentence, then each row becomes its sentence's k beams:
+        # rows a * k + j. The encoder outputs and the cross-attention cache keep one row
+        # per sentence: the decoder reads a sentence's rows as one row of k queries there.
+        enc_outputs = model.encode(src, src_valid_lens)
+        tokens = torch.full((num_sentences, 1), start, dtype=torch.long, device=device)
+        for step in range(int(max_lens.max()) + 1):
+            num_active, width = scores.shape
+            hidden = _next_hidden(model, tokens, enc_outputs, src_valid_lens, cache)
+            forced = _forced(step, max_lens, prefix, prefix_lens, eos).repeat_interleave(width)
+            # 1. The best 2k candidates: at most k end in EOS (one per row), so at least k
+            #    others remain to fill the beam.
+            top_scores, beam, token = _best_candidates(model, scores, hidden, 2 * k,
+                                                       forced)  # (a, 2k)
+            parents = torch.arange(num_active, device=device)[:, None] * width + beam
+            alive = top_scores > float("-inf")
+            # 2. EOS candidates among the best k finish; the best k others go on.
+            ended = alive & (token == eos) & (ranks < k)
+            going_on = alive & (token != eos)
+            pick = torch.argsort((~going_on).byte(), dim=1, stable=True)[:, :k]  # (a, k)
+            if bool(ended.any()):
+                _collect(finished, kth_score, ended, tokens, parents, top_scores, sentence,
+                         step, alpha, nbest)
+                num_finished += ended.sum(1)
+                top_ended |= ended[:, 0]
+            rows = parents.gather(1, pick).view(-1)  # (a * k,) the hypotheses that go on
+            tokens = torch.cat([tokens.index_select(0, rows), token.gather(1, pick).view(-1, 1)],
+                               1)
+            _select_cache(cache, rows)
+            scores = top_scores.gather(1, pick).masked_fill(~going_on.gather(1, pick),
+                                                            float("-inf"))  # (a, k)
+            # 3. A sentence stops when it has k finished hypotheses and its best candidate
+            #    has ended, or when nothing alive can beat its nbest-th finished one
+            #    (nothing alive: -inf, <= any score).
+            best_reachable = scores.max(1).values / length_penalty(max_lens + 1, alpha)
+            done = (best_reachable <= kth_score) | ((num_finished >= k) & top_ended)
+            num_done = int(done.sum())  # the step's one host sync, besides collecting
+            if num_done == num_active:
+                break
+            if num_done:
+                keep = (~done).nonzero().squeeze(1)  # active sentences that go on
+                keep_rows = (keep[:, None] * k + ranks[:k]).view(-1)
+                scores, num_finished, kth_score, max_lens, sentence, enc_outputs, \
+                    src_valid_lens, prefix, prefix_lens, top_ended = (
+                        x.index_select(0, keep) for x in (
+                            scores, num_finished, kth_score, max_lens, sentence, enc_outputs,
+                            src_valid_lens, prefix, prefix_lens, top_ended))
+                tokens = tokens.index_select(0, keep_rows)
+                _select_cache(cache, keep_rows, keep)
+    return [hyps[:nbest] for hyps in finished]
+
+
+def _best_candidates(model: Transformer, scores: Tensor, hidden: Tensor, k: int,
+                     forced: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """`_top_candidates` from the decoder states `hidden` (a * width, d): the logits of
+    as many whole sentences at a time as `ops.rows_per_call` gives the output projection
+    rows (an int8 layer's chunks: its logits are never joined into one (rows, vocab)
+    tensor, and each chunk's stay in the CPU's caches for their log-softmax and top-k)."""
+    num_active, width = scores.shape
+    rows = rows_per_call(model.output_projection)
+    per = num_active if rows is None else max(1, rows // width)  # sentences per chunk
+    if per >= num_active:
+        return _top_candidates(scores, _logits(model, hidden), k, forced)
+    chunks = []
+    for a in range(0, num_active, per):
+        part = slice(a * width, (a + per) * width)  # the rows of sentences a to a + per
+        chunks.append(_top_candidates(scores[a:a + per], _logits(model, hidden[part]), k,
+                                      forced[part]))
+    return tuple(torch.cat(parts) for parts in zip(*chunks, strict=True))
+
+
+def _top_candidates(scores: Tensor, logits: Tensor, k: int,
+                    forced: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The k best continuations per sentence, best first: scores (a, width), next-token
+    logits (a * width, vocab) -> cumulative scores, source row within the sentence, token;
+    each (a, k). A row whose `forced` (a * width,) token is not -1 may continue with that
+    token only (its log-prob kept). Missing candidates (k > width * vocab: tiny test
+    vocabularies) score -inf. `logits` is overwritten."""
+    num_active, width = scores.shape
+    vocab_size = logits.shape[1]
+    log_probs = torch.log_softmax(logits, -1, out=logits)  # (a * width, vocab), in place
+    rows = (forced >= 0).nonzero().squeeze(1)
+    if len(rows):
+        kept = log_probs[rows, forced[rows]]
+        log_probs[rows] = float("-inf")
+        log_probs[rows, forced[rows]] = kept
+    candidates = log_probs.add_(scores.view(-1, 1)).view(num_active, width * vocab_size)
+    top_scores, top_index = _topk(candidates, min(k, width * vocab_size))
+    if top_scores.shape[1] < k:
+        top_scores = F.pad(top_scores, (0, k - top_scores.shape[1]), value=float("-inf"))
+        top_index = F.pad(top_index, (0, k - top_index.shape[1]), value=0)
+    return top_scores, top_index // vocab_size, top_index % vocab_size
+
+
+TOPK_BLOCK = 128  # columns per block in `_topk`
+
+
+def _topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """`x.topk(k, dim=1)` over wide rows (beam x vocabulary), best first, in two cheap
+    passes: the k largest values of a row lie in the k blocks of `TOPK_BLOCK` columns with the
+    largest maxima, so a vectorized max over every block picks those blocks, and the top-k
+    runs over them only (with the columns left over after the last whole block)."""
+    rows, n = x.shape
+    num_blocks = n // TOPK_BLOCK
+    if num_blocks < 4 * k:  # narrow rows: the plain top-k
+        return x.topk(k, dim=1)
+    whole = num_blocks * TOPK_BLOCK
+    blocks = x[:, :whole].unflatten(1, (num_blocks, TOPK_BLOCK))  # a view
+    best_blocks = blocks.amax(-1).topk(k, dim=1).indices  # (rows, k)
+    columns = (best_blocks[:, :, None] * TOPK_BLOCK
+               + torch.arange(TOPK_BLOCK, device=x.device)).flatten(1)  # (rows, k * block)
+    columns = torch.cat([columns, torch.arange(whole, n, device=x.device).expand(rows, -1)], 1)
+    values, picked = x.gather(1, columns).topk(k, dim=1)
+    return values, columns.gather(1, picked)
+
+
+def _collect(finished: list[list[Hypothesis]], kth_score: Tensor, ended: Tensor,
+             tokens: Tensor, parents: Tensor, top_scores: Tensor, sentence: Tensor, step: int,
+             alpha: float, nbest: int) -> None:
+    """Store the hypotheses that just ended (`ended` (a, 2k): candidate j of active sentence
+    a, continuing row `parents[a, j]` of `tokens` (BOS + output) with EOS); update each
+    sentence's nbest-th best score. The tensors are read into lists once per step: a
+    hypothesis costs no tensor operation."""
+    penalty = length_penalty(step + 1, alpha)  # step + 1 tokens generated, EOS included
+    active, candidate = ended.nonzero().unbind(1)
+    log_probs = top_scores[active, candidate].tolist()
+    outputs = tokens.index_select(0, parents[active, candidate])[:, 1:].tolist()
+    kth = {}  # active sentence -> its new nbest-th best score
+    for a, s, log_prob, output in zip(active.tolist(), sentence[active].tolist(), log_probs,
+                                      outputs, strict=True):
+        hyps = finished[s]
+        hyps.append(Hypothesis(output, log_prob / penalty, log_prob))
+        hyps.sort(key=lambda h: -h.score)
+        if len(hyps) >= nbest:
+            kth[a] = hyps[nbest - 1].score
+    if kth:
+        kth_score[list(kth)] = torch.tensor(list(kth.values()), dtype=kth_score.dtype,
+                                            device=kth_score.device)
+
+
+def search_corpus(model: Transformer, sources: Sequence[Sequence[int]],
+                  request: DecodingRequest = DecodingRequest(), *,
+                  prefixes: Sequence[Sequence[int]] | None = None,
+                  max_tokens: int = DEFAULT_MAX_TOKENS,
+                  on_progress: Callable[[int], None] | None = None
+                  ) -> list[list[Hypothesis]]:
+    """Beam search (or, with `request.sampling`, `sample_search`) over many sentences, in
+    input order: the one decoding path of validation, translation and evaluation (batched
+    by `decode_batches`, at most `MAX_ROWS` rows, sentences x beam, a batch). `sources` are
+    source ids with EOS appended; `prefixes`, target ids each output must begin with (one
+    list per source, [] for none). `beam_size=1` is greedy search. Sampling draws from one
+    generator seeded with `sampling.seed`."""
+    device = model.device
+
+    def search(batch: list[int]) -> list[list[Hypothesis]]:
+        src, src_valid_lens = pad_rows([sources[i] for i in batch], model.config.pad_id,
+                                       device)
+        prefix = None if prefixes is None else pad_prefixes([prefixes[i] for i in batch],
+                                                            device)
+        if request.sampling is not None:  # a batch's draws depend on the seed and the batch
+            generator = torch.Generator(device).manual_seed(
+                hash((request.sampling.seed, batch[0])) & 0x7FFF_FFFF_FFFF_FFFF)
+            return [[hyp] for hyp in sample_search(model, src, src_valid_lens, request,
+                                                   generator=generator, prefix=prefix)]
+        return beam_search(model, src, src_valid_lens, request, prefix=prefix)
+
+    parallel = torch.get_num_threads() if device.type == "cpu" else 1
+    return decode_batches(sources, search, nbest=request.nbest, max_tokens=max_tokens,
+                          max_sentences=max(1, MAX_ROWS // request.beam_size),
+                          parallel=parallel, balanced=request.sampling is None,
+                          on_progress=on_progress)
+
+
+def decode_batches(sources: Sequence[Sequence[int]],
+                   search: Callable[[list[int]], list[list[Hypothesis]]], *,
+                   nbest: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS,
+                   max_sentences: int | None = None, parallel: int = 1,
+                   balanced: bool = False,
+                   on_progress: Callable[[int], None] | None = None
+                   ) -> list[list[Hypothesis]]:
+    """Run `search` (a batch, as indices into `sources` -> n-best lists) over many
+    sentences and return the results in input order; shared by `search_corpus` and the
+    CTranslate2 engine. An empty source gets `nbest` empty hypotheses without a search.
+    Sentences are sorted longest first and packed into batches of at most `max_tokens`
+    padded source tokens (before the beam expands them) and `max_sentences` sentences
+    (`search_corpus`: `MAX_ROWS` rows). `on_progress(n)` is called as sentences are done.
+
+    `parallel` > 1 (CPU threads): when there are at least that many batches, that many
+    batches are searched at once, each on its own thread with single-threaded operators,
+    as CTranslate2's `inter_threads` does: decoding runs many small operators, which gain
+    little from being split over threads (docs/RESULTS.md, "Decoding: our engine's speed").
+    `balanced`: the batches packed again so that the threads end together
+    (`batching.even_rounds`); they then depend on `parallel`, so sampling, whose draws
+    depend on the batches and must not depend on the threads, leaves it off."""
+    results = [[Hypothesis([], 0.0, 0.0)] * nbest for _ in sources]
+    todo = [i for i, ids in enumerate(sources) if ids]
+    if on_progress is not None and len(todo) < len(sources):
+        on_progress(len(sources) - len(todo))
+    sizes = [len(ids) for ids in sources]
+    batches = sorted_batches(todo, sizes, max_tokens, max_sentences)
+    if balanced:
+        batches = even_rounds(batches, sizes, max_tokens, parallel, max_sentences)
+    for batch, found in _each_searched(batches, search, parallel):
+        for i, sentence_hyps in zip(batch, found, strict=True):
+            results[i] = sentence_hyps
+        if on_progress is not None:
+            on_progress(len(batch))
+    return results
+
+
+def _each_searched(batches: list[list[int]],
+                   search: Callable[[list[int]], list[list[Hypothesis]]],
+                   parallel: int) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
+    """(batch, its search results) for each batch, in order; `parallel` at a time."""
+    if parallel <= 1 or len(batches) < parallel:
+        yield from ((batch, search(batch)) for batch in batches)
+        return
+
+    def single_threaded(batch: list[int]) -> list[list[Hypothesis]]:
+        torch.set_num_threads(1)  # this worker thread's operators (OpenMP: per thread)
+        return search(batch)
+
+    threads = torch.get_num_threads()
+    try:
+        with ThreadPoolExecutor(parallel, thread_name_prefix="search") as pool:
+            yield from zip(batches, pool.map(single_threaded, batches), strict=True)
+    finally:
+        torch.set_num_threads(threads)
