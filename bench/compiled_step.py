@@ -29,8 +29,8 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from transformer.decoding.translator import Translator
-from transformer.model.attention import key_padding_mask
 from transformer.model.blocks import LayerCache
+from transformer.model.masks import key_padding_mask
 from transformer.model.transformer import Transformer
 
 BEAM = 5

@@ -32,7 +32,7 @@ from transformer.model.attention import MultiHeadAttention
 from transformer.model.layers import linear_label_smoothed_cross_entropy
 from transformer.model.loss import LabelSmoothedLoss
 from transformer.model.transformer import ModelConfig, Transformer
-from transformer.run.config import compose_config
+from transformer.run.compose import compose_config
 
 FAILED: list[str] = []
 

@@ -24,8 +24,8 @@ from transformer.data.batching import padding_ratio
 from transformer.data.multi30k import DEFAULT_ROOT
 from transformer.data.text import read_parallel
 from transformer.data.tokenizer import Tokenizer
-from transformer.run.config import DataConfig
 from transformer.run.data import load_data, resolve_files
+from transformer.run.data_config import DataConfig
 
 IMPORT_S = time.perf_counter() - START
 CACHED_TARGET_S = 2.0

@@ -37,7 +37,7 @@ from memory import reset_peak_rss, status_mib  # bench/memory.py
 from transformer.data.multi30k import DEFAULT_ROOT, download_multi30k
 from transformer.data.text import read_lines
 from transformer.data.tokenizer import EOS_ID, Tokenizer, TokenizerPair
-from transformer.decoding.search import DEFAULT_MAX_TOKENS
+from transformer.decoding.corpus import DEFAULT_MAX_TOKENS
 from transformer.decoding.translator import Translator
 from transformer.model.transformer import ModelConfig, Transformer
 

@@ -89,7 +89,7 @@ def planned_parameters(overrides: list[str]) -> int:
     """The parameters of the model `transformer train` builds with `overrides`, its
     vocabulary of `data.vocab_size` pieces."""
     from transformer.model.transformer import Transformer
-    from transformer.run.config import compose_config
+    from transformer.run.compose import compose_config
 
     config = compose_config(overrides)
     size = config.data.vocab_size

@@ -142,7 +142,7 @@ def child_peak_rss() -> int:
 
 
 def compose(argv: list[str]):
-    from transformer.run.config import compose_config
+    from transformer.run.compose import compose_config
     return compose_config([a for a in argv if not a.startswith("hydra.run.dir=")])
 
 

@@ -23,8 +23,9 @@ from reference_search import reference_beam_search  # noqa: E402
 
 from transformer.data.multi30k import DEFAULT_ROOT, download_multi30k  # noqa: E402
 from transformer.data.text import read_lines  # noqa: E402
+from transformer.decoding.corpus import search_corpus  # noqa: E402
 from transformer.decoding.request import DecodingRequest  # noqa: E402
-from transformer.decoding.search import max_output_lengths, search_corpus  # noqa: E402
+from transformer.decoding.search import max_output_lengths  # noqa: E402
 from transformer.decoding.translator import Translator  # noqa: E402
 
 DEFAULT_CHECKPOINT = str(ROOT.parent / "runs/ref/checkpoints/checkpoint_best.pt")

@@ -79,8 +79,9 @@ from transformer.data.store import Batch
 from transformer.data.tokenizer import PAD_ID
 from transformer.model.loss import LabelSmoothedLoss
 from transformer.model.transformer import ModelConfig, PositionalEncoding, Transformer
-from transformer.run.config import DataConfig, compose_config
+from transformer.run.compose import compose_config
 from transformer.run.data import Data, load_data
+from transformer.run.data_config import DataConfig
 from transformer.runtime import configure_cuda
 
 REPO = Path(__file__).resolve().parents[1]

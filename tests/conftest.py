@@ -181,6 +181,22 @@ def multi30k_tokenizer(multi30k_tokenizer_path):
 
 
 @pytest.fixture
+def tuning(monkeypatch):
+    """Run a test with measured constants changed: `tuning(short_softmax_keys=0)` swaps the
+    package's tuning table (`hardware.TUNING`) for a copy with those values, for the test
+    only; returns the table in use."""
+    import dataclasses
+
+    from transformer import hardware
+
+    def use(**changes):
+        monkeypatch.setattr(hardware, "TUNING", dataclasses.replace(hardware.TUNING, **changes))
+        return hardware.TUNING
+
+    return use
+
+
+@pytest.fixture
 def one_thread():
     """Run a test on one torch thread: its matrices are tiny, so one thread is as fast, and
     immune to OpenMP threads spinning while another process holds a core."""

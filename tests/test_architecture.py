@@ -14,7 +14,8 @@ import pytest
 
 from transformer.data import multi30k
 from transformer.errors import CheckpointError, DataError
-from transformer.run.config import DataConfig, TrainConfig
+from transformer.run.config import TrainConfig
+from transformer.run.data_config import DataConfig
 from transformer.tools.evaluation import evaluation_text
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "transformer"
@@ -90,7 +91,7 @@ def test_modules_import_only_lower_layers_and_no_cycle():
 
 def test_the_folders_are_the_layers():
     """At least three subpackages besides the commands; no module of the package over 600
-    lines, the one defining MultiHeadAttention at most 350; one module sets the threads."""
+    lines, the one defining MultiHeadAttention at most 350."""
     subpackages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")} - {"cli"}
     assert len(subpackages) >= 3
     sizes = {str(p.relative_to(PACKAGE)): len(p.read_text(encoding="utf-8").splitlines())
@@ -99,9 +100,6 @@ def test_the_folders_are_the_layers():
     defining = [name for name in sizes if "class MultiHeadAttention" in
                 (PACKAGE / name).read_text(encoding="utf-8")]
     assert len(defining) == 1 and sizes[defining[0]] <= 350, (defining, sizes)
-    setting = [name for name in sizes if "set_num_threads(" in
-               (PACKAGE / name).read_text(encoding="utf-8")]
-    assert setting == ["hardware.py"], setting
 
 
 def source_files() -> list[Path]:

@@ -6,14 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-import transformer.model.attention as attention_module
+from transformer import hardware
+from transformer.model import kernels
 from transformer.model.attention import (
-    KVCache,
     MultiHeadAttention,
     masked_softmax,
     transpose_output,
     transpose_qkv,
 )
+from transformer.model.cache import BufferPool, KVCache
 
 
 def book_example():
@@ -104,11 +105,11 @@ def run_with_grads(fn, *inputs):
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("path", ["fused", "explicit", "auto"])
 @pytest.mark.parametrize("kind", ["none", "padding", "causal", "causal+padding"])
-def test_equals_torch_multihead_attention(bias, path, kind, monkeypatch):
+def test_equals_torch_multihead_attention(bias, path, kind, tuning):
     # auto: need_weights=False with few keys on CPU, which takes the explicit path
     need_weights = path == "explicit"
     if path == "fused":
-        monkeypatch.setattr(attention_module, "CPU_FUSED_MIN_KEYS", 0)
+        tuning(fused_attention_min_keys=0)
     torch.manual_seed(0)
     d, h, B, T = 32, 4, 3, 7
     ours = MultiHeadAttention(d, d, d, d, h, 0.0, bias=bias).eval()
@@ -166,8 +167,8 @@ MASK_KINDS = {
 
 @pytest.mark.parametrize("kind", sorted(MASK_KINDS))
 @pytest.mark.parametrize("self_attention", [False, True])
-def test_fused_path_equals_explicit_path(kind, self_attention, monkeypatch):
-    monkeypatch.setattr(attention_module, "CPU_FUSED_MIN_KEYS", 0)  # short keys: fused too
+def test_fused_path_equals_explicit_path(kind, self_attention, tuning):
+    tuning(fused_attention_min_keys=0)  # short keys: fused too
     torch.manual_seed(0)
     d, h, B = 24, 3, 3
     K = 6
@@ -242,7 +243,6 @@ def test_kv_cache_self_and_cross_attention_equal_full():
 
 
 def test_buffer_pool_hands_out_the_smallest_kept_buffer_that_fits_and_keeps_the_largest():
-    from transformer.model.attention import BufferPool
     pool = BufferPool(max_bytes=4 * (100 + 60))  # room for the 100 and the 60, not the 30
     like = torch.zeros(1)
     fresh = pool.take(10, like)
@@ -254,7 +254,7 @@ def test_buffer_pool_hands_out_the_smallest_kept_buffer_that_fits_and_keeps_the_
     assert pool.take(20, like).numel() == 40  # none kept: new
     pool.give([torch.empty(50, dtype=torch.float64), torch.empty(50, device="meta")])
     assert pool.take(10, like).dtype == torch.float32  # another dtype is not handed out
-    assert [b.device.type for b in pool._kept] == ["cpu"]  # nor kept off the CPU
+    assert [b.device.type for b in pool.kept] == ["cpu"]  # nor kept off the CPU
     pool.clear()
     assert pool.take(5, torch.zeros(1, dtype=torch.float64)).numel() == 10
 
@@ -262,7 +262,6 @@ def test_buffer_pool_hands_out_the_smallest_kept_buffer_that_fits_and_keeps_the_
 def test_buffers_made_in_inference_mode_are_handed_out_only_there():
     """PyTorch forbids writing a tensor made under `torch.inference_mode` outside it: a
     search in inference mode, then one without, both run (the second on new buffers)."""
-    from transformer.model.attention import BufferPool
     pool = BufferPool(max_bytes=2 ** 20)
     k = torch.randn(2, 4, 1, 8)
 
@@ -277,19 +276,18 @@ def test_buffers_made_in_inference_mode_are_handed_out_only_there():
 
     with torch.inference_mode():
         expected = decode()
-    made_there = {b.data_ptr() for b in pool._kept}
+    made_there = {b.data_ptr() for b in pool.kept}
     with torch.no_grad():
         assert torch.equal(decode(), expected)
     with torch.inference_mode():
         assert torch.equal(decode(), expected)
-    assert made_there <= {b.data_ptr() for b in pool._kept}
+    assert made_there <= {b.data_ptr() for b in pool.kept}
 
 
 def test_a_released_cache_gives_the_next_cache_its_buffers_whatever_they_hold():
     """`KVCache.release` gives its buffers to the pool; a later cache writes into them
     (the same memory, no new allocation) and reads only what it wrote: buffers filled with
     NaN give the same attention outputs as new ones."""
-    from transformer.model.attention import BufferPool
     torch.manual_seed(0)
     d, h, B, T = 16, 4, 3, 7
     attn = MultiHeadAttention(d, d, d, d, h, 0.0, bias=True).eval()
@@ -309,7 +307,7 @@ def test_a_released_cache_gives_the_next_cache_its_buffers_whatever_they_hold():
     used = {b.data_ptr() for b in first._buffers + first._spare + first._outgrown}
     first.release()
     assert first.length == 0 and first.keys is None
-    for buffer in pool._kept:
+    for buffer in pool.kept:
         buffer.fill_(float("nan"))
     second = KVCache(pool=pool)
     assert torch.equal(decode(second), expected)
@@ -329,8 +327,8 @@ def test_scaled_dot_product_formula():
 def test_padding_mask_built_once_equals_valid_lens_in_every_block():
     """The encoder and decoder build the source's (batch, src_len) key mask once and pass it
     to every block: the same outputs, bit for bit, as each block masking by valid_lens."""
-    from transformer.model.attention import key_padding_mask
     from transformer.model.blocks import DecoderBlock, EncoderBlock
+    from transformer.model.masks import key_padding_mask
 
     torch.manual_seed(0)
     X, Y = torch.randn(3, 40, 16), torch.randn(3, 6, 16)  # 40 keys: the fused path on CPU
@@ -410,16 +408,16 @@ def test_short_softmax_equals_pytorchs_and_keeps_its_gradient():
     the same weights as F.softmax, masked entries (the dtype's minimum) exactly 0; with
     gradients it is F.softmax itself."""
     torch.manual_seed(0)
-    for keys in (1, 2, 7, attention_module.CPU_SHORT_SOFTMAX - 1):
+    for keys in (1, 2, 7, hardware.TUNING.short_softmax_keys - 1):
         X = torch.randn(6, 3, keys) * 4
         X[0, :, 1:] = torch.finfo(X.dtype).min  # one key left
         with torch.no_grad():
-            short = attention_module._softmax(X)
+            short = kernels.softmax(X)
         torch.testing.assert_close(short, torch.softmax(X, -1), rtol=1e-6, atol=1e-7)
         if keys > 1:
             assert torch.all(short[0, :, 1:] == 0)
     X = torch.randn(4, 2, 5, requires_grad=True)
-    weights = attention_module._softmax(X)
+    weights = kernels.softmax(X)
     assert weights.grad_fn.name() == torch.softmax(X, -1).grad_fn.name()  # PyTorch's own
     masked = masked_softmax(torch.randn(2, 3, 4), torch.tensor([0, 2]))  # a row with no key
     assert torch.all(masked[0] == 0) and not torch.isnan(masked).any()
@@ -433,11 +431,11 @@ def test_weighted_values_equal_bmm(queries, keys):
     weights = torch.softmax(torch.randn(40, queries, keys), -1)
     values = torch.randn(40, keys, 8)
     with torch.no_grad():
-        out = attention_module._weighted_values(weights, values)
+        out = kernels.weighted_values(weights, values)
     torch.testing.assert_close(out, torch.bmm(weights, values), rtol=1e-6, atol=1e-6)
 
 
-def test_decoding_steps_same_with_and_without_the_few_keys_paths(monkeypatch):
+def test_decoding_steps_same_with_and_without_the_few_keys_paths(tuning):
     """Step-by-step self- and cross-attention (few keys, one or a few queries) give the same
     outputs through the short softmax and the weighted sum as through F.softmax and bmm
     (forced by thresholds of 0)."""
@@ -457,6 +455,5 @@ def test_decoding_steps_same_with_and_without_the_few_keys_paths(monkeypatch):
         return torch.cat(out, 1)
 
     fast = steps()
-    monkeypatch.setattr(attention_module, "CPU_SHORT_SOFTMAX", 0)
-    monkeypatch.setattr(attention_module, "CPU_SMALL_BMM", 0)
+    tuning(short_softmax_keys=0, small_bmm_products=0)
     torch.testing.assert_close(fast, steps(), rtol=1e-5, atol=1e-6)

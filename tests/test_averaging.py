@@ -18,7 +18,7 @@ from transformer.decoding.translator import Translator
 from transformer.errors import CheckpointError
 from transformer.model.transformer import ModelConfig, Transformer
 from transformer.run import checkpoint as ckpt
-from transformer.run.config import compose_config
+from transformer.run.compose import compose_config
 from transformer.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]

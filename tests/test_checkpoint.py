@@ -15,7 +15,8 @@ from transformer.data.tokenizer import Tokenizer, TokenizerPair
 from transformer.errors import CheckpointError
 from transformer.model.transformer import ModelConfig, Transformer
 from transformer.run import checkpoint as ckpt
-from transformer.run.config import DataConfig, DecodingSettings, TrainConfig
+from transformer.run.config import DecodingSettings, TrainConfig
+from transformer.run.data_config import DataConfig
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = ModelConfig(src_vocab_size=40, tgt_vocab_size=40, num_hiddens=16, ffn_num_hiddens=32,

@@ -12,14 +12,8 @@ from omegaconf import OmegaConf
 from transformer import cli
 from transformer.errors import ConfigError
 from transformer.model.transformer import Hyperparameters, ModelConfig
-from transformer.run.config import (
-    CONFIG_DIR,
-    ModelSettings,
-    OptimConfig,
-    TrainConfig,
-    TrainerConfig,
-    compose_config,
-)
+from transformer.run.compose import CONFIG_DIR, compose_config
+from transformer.run.config import ModelSettings, OptimConfig, TrainConfig, TrainerConfig
 from transformer.training.schedule import Budget, budget_settings, fit_to_budget
 
 

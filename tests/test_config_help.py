@@ -20,13 +20,8 @@ from omegaconf import OmegaConf
 from transformer import cli
 from transformer.errors import ConfigError
 from transformer.model.transformer import Hyperparameters
-from transformer.run.config import (
-    DecodingSettings,
-    TrainConfig,
-    compose_config,
-    load_config,
-    schema_keys,
-)
+from transformer.run.compose import compose_config, load_config, schema_keys
+from transformer.run.config import DecodingSettings, TrainConfig
 from transformer.run.config_docs import (
     KEY_COLUMN,
     attribute_docs,

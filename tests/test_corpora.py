@@ -15,8 +15,9 @@ from transformer.data.store import ParallelCorpus
 from transformer.data.tokenizer import EOS_ID, SpecialIds, Tokenizer
 from transformer.errors import DataError
 from transformer.run import checkpoint as ckpt
-from transformer.run.config import DataConfig, compose_config
+from transformer.run.compose import compose_config
 from transformer.run.data import load_data
+from transformer.run.data_config import DataConfig
 from transformer.training.trainer import train
 
 

@@ -33,11 +33,11 @@ from transformer.data.store import ParallelCorpus
 from transformer.data.text import iter_parallel, read_lines, read_parallel
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerPair
 from transformer.errors import DataError
-from transformer.run import config
-from transformer.run.config import DataConfig
+from transformer.run import compose
 from transformer.run.data import corpus_files, eval_set_files, load_data
+from transformer.run.data_config import DataConfig
 
-CONFIG_DIR = config.CONFIG_DIR / "data"
+CONFIG_DIR = compose.CONFIG_DIR / "data"
 
 
 # ---- helpers / fixtures -----------------------------------------------------------------

@@ -19,7 +19,8 @@ from omegaconf import OmegaConf
 
 from transformer.data.cleaning import FILTER_PRESETS
 from transformer.errors import ConfigError
-from transformer.run.config import TrainConfig, compose_config, load_config
+from transformer.run.compose import compose_config, load_config
+from transformer.run.config import TrainConfig
 
 CHOICES = {"data.name", "data.src_lang", "data.tgt_lang", "data.spm_model_type",
            "optim.name", "optim.schedule", "trainer.device", "trainer.precision",

@@ -23,8 +23,8 @@ from transformer.data.store import ParallelCorpus, read_meta
 from transformer.data.text import iter_lines, read_lines, read_parallel
 from transformer.data.tokenizer import Tokenizer, TokenizerPair
 from transformer.errors import DataError, TransformerError
-from transformer.run.config import DataConfig
 from transformer.run.data import load_data, split_store
+from transformer.run.data_config import DataConfig
 
 # ---- corpus bytes -----------------------------------------------------------------------
 

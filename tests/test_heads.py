@@ -34,7 +34,9 @@ from transformer.run.checkpoint import (
     model_from_checkpoint,
     save_checkpoint,
 )
-from transformer.run.config import DataConfig, DecodingSettings, TrainConfig, compose_config
+from transformer.run.compose import compose_config
+from transformer.run.config import DecodingSettings, TrainConfig
+from transformer.run.data_config import DataConfig
 from transformer.runtime import DistEnv
 from transformer.tools import attention_maps, heads
 from transformer.training.trainer import Trainer
@@ -392,7 +394,7 @@ def test_validation_logs_attention_without_side_effects(tmp_path, multi30k_dir,
                                                         monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from transformer.training import trainer as training
+    from transformer.training import validation
 
     cfg = compose_config([
         f"data.root={multi30k_dir}", f"data.spm_model={multi30k_small_tokenizer_path}",
@@ -414,7 +416,7 @@ def test_validation_logs_attention_without_side_effects(tmp_path, multi30k_dir,
         def fail(*args, **kwargs):
             raise RuntimeError("validation failed")
 
-        monkeypatch.setattr(training, "search_corpus", fail)
+        monkeypatch.setattr(validation, "search_corpus", fail)
         with pytest.raises(RuntimeError, match="validation failed"):
             trainer.validate()
         assert trainer.model.training  # restored although validation raised

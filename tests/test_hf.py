@@ -40,8 +40,8 @@ from transformer.cli import main as transformer_main
 from transformer.data.store import ParallelCorpus
 from transformer.data.text import ParallelText
 from transformer.data.tokenizer import TokenizerPair
+from transformer.decoding.corpus import search_corpus
 from transformer.decoding.request import DecodingRequest
-from transformer.decoding.search import search_corpus
 from transformer.decoding.translator import Translator
 from transformer.deploy.engines import load_translator
 from transformer.deploy.export import export_ctranslate2

@@ -19,9 +19,10 @@ from transformer.data import multi30k
 from transformer.data.store import read_meta
 from transformer.errors import ConfigError
 from transformer.run.checkpoint import load_checkpoint
-from transformer.run.config import CONFIG_DIR, DataConfig, compose_config
+from transformer.run.compose import CONFIG_DIR, compose_config
 from transformer.run.data import corpus_files, eval_set_files
-from transformer.training import trainer as training
+from transformer.run.data_config import DataConfig
+from transformer.training import validation
 from transformer.training.trainer import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
@@ -175,7 +176,7 @@ def test_training_reads_the_tok_files_and_scores_them_as_they_are(tok_root, tmp_
         bleu_calls.append((list(hyps), [list(r) for r in refs], kwargs, score.score))
         return score
 
-    monkeypatch.setattr(training.sacrebleu, "corpus_bleu", corpus_bleu)
+    monkeypatch.setattr(validation.sacrebleu, "corpus_bleu", corpus_bleu)
     run = tmp_path / "run"
     cfg = compose_config([
         "data=multi30k_tok", f"data.root={tok_root}", "data.vocab_size=400",

@@ -14,13 +14,13 @@ from conftest import MULTI30K_SLICE, assert_reported, run_command  # tests/conft
 
 from transformer.data.cleaning import REASONS
 from transformer.data.tokenizer import EOS_ID, Tokenizer
+from transformer.decoding.corpus import search_corpus
 from transformer.decoding.request import DecodingRequest
-from transformer.decoding.search import search_corpus
 from transformer.errors import DataError
 from transformer.model.loss import evaluate_loss
 from transformer.run.checkpoint import load_checkpoint, model_from_checkpoint
-from transformer.run.config import DataConfig
 from transformer.run.data import CLEANING_REPORT, load_data
+from transformer.run.data_config import DataConfig
 
 CLEAN = 20  # clean Multi30k pairs in every training file
 LONG = " ".join(["a man rides a bike"] * 400)  # 2,000 words

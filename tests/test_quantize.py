@@ -16,17 +16,18 @@ from conftest import run_command  # tests/conftest.py
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
-import transformer.model.layers as ops
+from transformer import hardware
 from transformer.cli import serve as serve_command
 from transformer.cli.options import load_model
 from transformer.data.batching import pad_rows
+from transformer.decoding.corpus import search_corpus
 from transformer.decoding.request import DecodingRequest, RequestError, option_name
-from transformer.decoding.search import search_corpus
 from transformer.decoding.translator import Translator, check_quantize
 from transformer.deploy.export import EXPORT_INFO, export_ctranslate2
 from transformer.deploy.hf import export_hf
 from transformer.errors import ConfigError, ExportError
-from transformer.model.layers import INT8_MAX_OUTPUTS, quantize_int8
+from transformer.model import int8
+from transformer.model.int8 import quantize_int8, rows_per_call
 from transformer.model.transformer import ModelConfig
 from transformer.run.checkpoint import load_checkpoint, model_from_checkpoint
 
@@ -63,8 +64,8 @@ def reference_int8(layer: nn.Linear, engine: str | None = None) -> nn.Module:
 def engine_of(layer: nn.Linear) -> str | None:
     """The engine `quantize_int8` packs `layer` for: oneDNN's for the wide layers where
     PyTorch has it, else the engine selected (None)."""
-    wide = layer.out_features >= ops.INT8_ONEDNN_MIN_OUTPUTS
-    return "onednn" if ops.INT8_ONEDNN and wide else None
+    wide = layer.out_features >= hardware.TUNING.int8_onednn_min_outputs
+    return "onednn" if hardware.TUNING.int8_onednn and wide else None
 
 
 def test_every_linear_layer_is_pytorchs_int8_layer(random_pair):
@@ -113,15 +114,15 @@ def test_tied_embedding_keeps_its_float32_values(random_checkpoint, random_pair)
     assert quantized.num_parameters == floating.num_parameters == original.num_parameters()
 
 
-def test_an_int8_layer_takes_its_rows_in_chunks_of_bounded_output(monkeypatch):
+def test_an_int8_layer_takes_its_rows_in_chunks_of_bounded_output(tuning):
     """FBGEMM's int8 layers slow down once a call's output is large: `quantize_int8`'s
-    layers on FBGEMM take at most INT8_MAX_OUTPUTS // out_features rows per call, each chunk
+    layers on FBGEMM take at most int8_max_outputs // out_features rows per call, each chunk
     exactly what the plain int8 layer gives for it, in order, whatever the leading shape."""
-    monkeypatch.setattr(ops, "INT8_ONEDNN", False)  # a PyTorch without oneDNN's int8 engine
+    table = tuning(int8_onednn=False)  # a PyTorch without oneDNN's int8 engine
     torch.manual_seed(0)
     layer = nn.Linear(16, 4096)
     quantized = quantize_int8(nn.Sequential(layer))[0]
-    rows = INT8_MAX_OUTPUTS // 4096
+    rows = table.int8_max_outputs // 4096
     x = torch.randn(3, 100, 16)  # 300 rows: 3 chunks
     expected = torch.cat([reference_int8(layer)(chunk) for chunk in x.reshape(-1, 16).split(rows)])
     assert torch.equal(quantized(x), expected.view(3, 100, 4096))
@@ -132,31 +133,32 @@ def test_an_int8_layer_takes_its_rows_in_chunks_of_bounded_output(monkeypatch):
 
 
 @pytest.mark.parametrize("onednn", [True, False])
-def test_the_wide_int8_layers_are_packed_for_onednn_and_take_any_rows(onednn, monkeypatch):
+def test_the_wide_int8_layers_are_packed_for_onednn_and_take_any_rows(onednn, monkeypatch,
+                                                                     tuning):
     """With oneDNN's int8 engine (forced here either way), `quantize_int8` packs the layers of
-    at least INT8_ONEDNN_MIN_OUTPUTS outputs for oneDNN's kernels and the others for the
+    at least int8_onednn_min_outputs outputs for oneDNN's kernels and the others for the
     engine selected; a layer on oneDNN takes all its rows in one call, as the plain layer
-    does, and is fed INT8_ONEDNN_CHUNK_ROWS rows at a time by beam search
+    does, and is fed int8_onednn_chunk_rows rows at a time by beam search
     (`rows_per_call`)."""
-    monkeypatch.setattr(ops, "INT8_ONEDNN", onednn)
+    table = tuning(int8_onednn=onednn)
     packed = []  # (layer names, engine) of each packing
-    pack = ops.quantize_linears
-    monkeypatch.setattr(ops, "quantize_linears",
+    pack = int8.quantize_linears
+    monkeypatch.setattr(int8, "quantize_linears",
                         lambda model, names, engine: (packed.append((set(names), engine)),
                                                       pack(model, names, engine)))
     torch.manual_seed(0)
-    wide, narrow = nn.Linear(16, ops.INT8_ONEDNN_MIN_OUTPUTS), nn.Linear(16, 64)
+    wide, narrow = nn.Linear(16, table.int8_onednn_min_outputs), nn.Linear(16, 64)
     quantized = quantize_int8(nn.Sequential(wide, nn.ReLU(), narrow))
     selected = torch.backends.quantized.engine
     assert packed == ([({"2"}, selected), ({"0"}, "onednn")] if onednn
                       else [({"0", "2"}, selected), (set(), "onednn")])
     x = torch.randn(3, 300, 16)  # 900 rows: more than either chunk of the wide layer
-    assert ops.rows_per_call(quantized[0]) == (
-        ops.INT8_ONEDNN_CHUNK_ROWS if onednn else ops.INT8_MAX_OUTPUTS // 2048)
+    assert rows_per_call(quantized[0]) == (
+        table.int8_onednn_chunk_rows if onednn else table.int8_max_outputs // 2048)
     expected = reference_int8(wide, "onednn" if onednn else None)
     if onednn:
         assert torch.equal(quantized[0](x), expected(x))
-    assert ops.rows_per_call(quantized[2]) == ops.INT8_MAX_OUTPUTS // 64
+    assert rows_per_call(quantized[2]) == table.int8_max_outputs // 64
     assert torch.equal(quantized[2](x), reference_int8(narrow)(x))
 
 
@@ -176,20 +178,19 @@ def search_counting_projection_rows(model, beam: int) -> tuple[list, list[int]]:
 
 
 def test_beam_search_feeds_the_int8_projection_whole_sentences_in_its_row_chunks(
-        random_pair, monkeypatch):
+        random_pair, monkeypatch, tuning):
     """Beam search computes the int8 output projection's logits `rows_per_call` rows at a
     time (whole sentences: a sentence's beams are ranked together), never joined into one
     (rows, vocabulary) tensor, and finds what one joined projection finds: the layer cuts
     the same chunks from it."""
     import transformer.decoding.search as search
-    import transformer.model.layers as ops
 
     model = random_pair[1].model
     projection = model.output_projection
     beam = 5
-    monkeypatch.setattr(ops, "INT8_MAX_OUTPUTS", 2 * beam * projection.out_features)
-    assert ops.rows_per_call(projection) == 2 * beam  # two sentences per call
-    assert ops.rows_per_call(random_pair[0].model.output_projection) is None  # float32: any
+    tuning(int8_max_outputs=2 * beam * projection.out_features)
+    assert rows_per_call(projection) == 2 * beam  # two sentences per call
+    assert rows_per_call(random_pair[0].model.output_projection) is None  # float32: any
     chunked, rows = search_counting_projection_rows(model, beam)
     assert max(rows) == 2 * beam and rows.count(beam) > 0  # the odd sentence out: 1 of 7
     monkeypatch.setattr(search, "rows_per_call", lambda layer: None)  # one call per step
@@ -202,21 +203,20 @@ def test_beam_search_feeds_the_int8_projection_whole_sentences_in_its_row_chunks
 
 
 def test_beam_search_feeds_a_onednn_projection_whole_sentences_in_its_chunks(
-        random_pair, monkeypatch):
+        random_pair, tuning):
     """An output projection packed for oneDNN takes any number of rows, and beam search
-    feeds it `rows_per_call` rows at a time, whole sentences (INT8_ONEDNN_CHUNK_ROWS
+    feeds it `rows_per_call` rows at a time, whole sentences (int8_onednn_chunk_rows
     forced down to two sentences' rows here); what the search finds with it stays within
     int8 of float32: the same best output on most inputs."""
-    monkeypatch.setattr(ops, "INT8_ONEDNN", True)
     float_model = random_pair[0].model
     vocab = float_model.output_projection.out_features
-    monkeypatch.setattr(ops, "INT8_ONEDNN_MIN_OUTPUTS", vocab)  # the projection only
+    beam = 5
+    tuning(int8_onednn=True, int8_onednn_min_outputs=vocab,  # the projection only
+           int8_onednn_chunk_rows=2 * beam)
     model = quantize_int8(float_model)
     projection = model.output_projection
     assert type(projection) is DynamicQuantizedLinear  # packed for oneDNN, not row-chunked
-    beam = 5
-    monkeypatch.setattr(ops, "INT8_ONEDNN_CHUNK_ROWS", 2 * beam)
-    assert ops.rows_per_call(projection) == 2 * beam
+    assert rows_per_call(projection) == 2 * beam
     found, rows = search_counting_projection_rows(model, beam)
     assert max(rows) == 2 * beam and rows.count(beam) > 0  # the odd sentence out: 1 of 7
     expected, _ = search_counting_projection_rows(float_model, beam)

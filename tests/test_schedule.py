@@ -15,7 +15,7 @@ from conftest import MULTI30K_EPOCH_TOKENS  # tests/conftest.py
 
 from transformer.errors import ConfigError
 from transformer.run import checkpoint as ckpt
-from transformer.run.config import compose_config
+from transformer.run.compose import compose_config
 from transformer.runtime import DistEnv
 from transformer.training.log import RunProgress
 from transformer.training.schedule import (
@@ -417,7 +417,7 @@ def test_a_time_budget_measures_the_speed_then_keeps_its_settings_when_resumed(
                                                        speed)
     assert f"{speed:,.0f} target tokens/s measured" in caplog.text
 
-    monkeypatch.setattr(Trainer, "_measure_speed", lambda self: 1e6)  # 300M tokens: Wu's
+    monkeypatch.setattr(Trainer, "_measure_speed", lambda self, cfg: 1e6)  # 300M tokens
     first = simulated_trainer(cfg, tmp_path / "b", slows_down, stop_after=40)
     assert first.fit().stop_reason == "signal"
     first.close()
@@ -432,7 +432,7 @@ def test_a_time_budget_measures_the_speed_then_keeps_its_settings_when_resumed(
     saved = ckpt.load_checkpoint(tmp_path / "b/checkpoints/checkpoint_last.pt")
     assert saved["budget_settings"]["update_tokens"] == large.update_tokens
 
-    def slower(self):
+    def slower(self, cfg):
         raise AssertionError("a resumed run measures nothing")
 
     monkeypatch.setattr(Trainer, "_measure_speed", slower)
@@ -452,7 +452,7 @@ def test_a_time_budget_measures_the_speed_then_keeps_its_settings_when_resumed(
 
 
 def experiment_presets() -> list[str]:
-    from transformer.run.config import CONFIG_DIR
+    from transformer.run.compose import CONFIG_DIR
 
     return sorted(path.stem for path in (CONFIG_DIR / "experiment").glob("*.yaml"))
 

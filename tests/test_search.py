@@ -11,6 +11,7 @@ import torch
 from reference_search import reference_beam_search
 
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.decoding.corpus import search_corpus
 from transformer.decoding.request import DecodingRequest, Sampling
 from transformer.decoding.search import (
     DEFAULT_ALPHA,
@@ -19,7 +20,6 @@ from transformer.decoding.search import (
     max_output_lengths,
     pad_prefixes,
     sample_search,
-    search_corpus,
 )
 from transformer.decoding.translator import Translator
 from transformer.model.transformer import ModelConfig, Transformer
@@ -91,20 +91,20 @@ def test_cached_equals_uncached(model):
 def test_a_search_leaves_its_cache_buffers_for_the_next_search(model, monkeypatch):
     """Beam and greedy search release their caches when they end (exceptions included):
     the next search writes into the same buffers, and finds the same outputs."""
-    from transformer.model.attention import CACHE_BUFFERS
+    from transformer.model.cache import CACHE_BUFFERS
     src, lens = random_batch()
     CACHE_BUFFERS.clear()
     first = beam_search(model, src, lens, DecodingRequest(beam_size=5, nbest=5))
-    kept = {b.data_ptr() for b in CACHE_BUFFERS._kept}
+    kept = {b.data_ptr() for b in CACHE_BUFFERS.kept}
     assert len(kept) >= 2 * 2 * model.config.num_decoder_layers  # keys, values; two pairs
-    for buffer in CACHE_BUFFERS._kept:
+    for buffer in CACHE_BUFFERS.kept:
         buffer.fill_(float("nan"))
     second = beam_search(model, src, lens, DecodingRequest(beam_size=5, nbest=5))
     assert tokens(second) == tokens(first)
     assert [h.score for h in itertools.chain(*second)] == [h.score for h in itertools.chain(*first)]
-    assert {b.data_ptr() for b in CACHE_BUFFERS._kept} == kept  # taken and given back
+    assert {b.data_ptr() for b in CACHE_BUFFERS.kept} == kept  # taken and given back
     greedy = greedy_search(model, src, lens)
-    assert {b.data_ptr() for b in CACHE_BUFFERS._kept} == kept
+    assert {b.data_ptr() for b in CACHE_BUFFERS.kept} == kept
     assert greedy == greedy_search(model, src, lens, use_cache=False)
     CACHE_BUFFERS.clear()
     import transformer.decoding.search as search
@@ -120,7 +120,7 @@ def test_a_search_leaves_its_cache_buffers_for_the_next_search(model, monkeypatc
     monkeypatch.setattr(search, "_best_candidates", interrupted_at_step_3)
     with pytest.raises(KeyboardInterrupt):
         beam_search(model, src, lens, DecodingRequest(beam_size=5))
-    assert len(CACHE_BUFFERS._kept) >= 2 * 2 * model.config.num_decoder_layers  # all the same
+    assert len(CACHE_BUFFERS.kept) >= 2 * 2 * model.config.num_decoder_layers  # all the same
 
 
 def test_batched_equals_one_at_a_time(model):
@@ -142,7 +142,7 @@ def thirty_sources() -> list[list[int]]:
 def batch_sizes_searched(monkeypatch) -> list[int]:
     """A list that each batch `search_corpus` searches from now on (by beam search or
     sampling) appends its number of sentences to."""
-    import transformer.decoding.search as search
+    import transformer.decoding.corpus as corpus
     sizes = []
 
     def counted(searcher):
@@ -152,21 +152,21 @@ def batch_sizes_searched(monkeypatch) -> list[int]:
         return run
 
     for name in ("beam_search", "sample_search"):
-        monkeypatch.setattr(search, name, counted(getattr(search, name)))
+        monkeypatch.setattr(corpus, name, counted(getattr(corpus, name)))
     return sizes
 
 
 @pytest.mark.parametrize("request_", [DecodingRequest(beam_size=4),
                                       DecodingRequest(beam_size=1,
                                                       sampling=Sampling(topk=10, seed=1))])
-def test_search_corpus_batches_at_most_max_rows(model, monkeypatch, request_):
-    """Each batch of `search_corpus` holds at most MAX_ROWS rows (sentences x beam; one row
-    per sentence when sampling), and its results equal one batch's."""
-    import transformer.decoding.search as search
+def test_search_corpus_batches_at_most_max_rows(model, monkeypatch, request_, tuning):
+    """Each batch of `search_corpus` holds at most the tuning table's `decode_max_rows` rows
+    (sentences x beam; one row per sentence when sampling), and its results equal one
+    batch's."""
     sources = thirty_sources()
     whole = search_corpus(model, sources, request_, max_tokens=10_000)
     sizes = batch_sizes_searched(monkeypatch)
-    monkeypatch.setattr(search, "MAX_ROWS", 24)
+    tuning(decode_max_rows=24)
     capped = search_corpus(model, sources, request_, max_tokens=10_000)
     assert sum(sizes) == len(sources) and max(sizes) == 24 // request_.beam_size
     if request_.sampling is None:  # draws depend on the batch; beam search does not

@@ -22,8 +22,8 @@ from transformer.data.text import iter_parallel, read_parallel
 from transformer.data.tokenizer import Tokenizer, TokenizerPair
 from transformer.errors import DataError
 from transformer.run import data as data_module
-from transformer.run.config import DataConfig
 from transformer.run.data import SplitFiles, load_data, store_path
+from transformer.run.data_config import DataConfig
 from transformer.run.tokenizers import sample_pairs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -219,7 +219,7 @@ def test_prepare_data_script_then_training_finds_the_stores(tmp_path, multi30k_d
     assert "train: 3,000 pairs" in result.stdout and "valid: 300 pairs" in result.stdout
     stores = sorted(p.name for p in (run / "cache").iterdir())
     assert [s.split("-")[0] for s in stores] == ["test", "train", "valid"]
-    from transformer.run.config import compose_config
+    from transformer.run.compose import compose_config
     cfg = compose_config([o for o in overrides if not o.startswith("hydra")])
     data = load_data(cfg.data, run)
     assert sorted(p.name for p in (run / "cache").iterdir()) == stores

@@ -28,7 +28,8 @@ from transformer.errors import ExportError
 from transformer.model.loss import sentence_log_probs
 from transformer.model.transformer import ModelConfig, Transformer
 from transformer.run.checkpoint import inference_checkpoint, save_checkpoint
-from transformer.run.config import CorpusConfig, DataConfig, TrainConfig
+from transformer.run.config import TrainConfig
+from transformer.run.data_config import CorpusConfig, DataConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -344,7 +345,7 @@ def test_tune_decoding_scores_each_validation_set_into_its_language(tokenizer, t
     and scored by sacreBLEU; the trial's BLEU is their mean (what the choice compares)."""
     import sacrebleu
 
-    from transformer.run.config import EvalSetConfig
+    from transformer.run.data_config import EvalSetConfig
     from transformer.tools.evaluation import evaluation_sets, tune_decoding
 
     valid = [EvalSetConfig(name=f"en-{lang}", src=str(MULTI30K_SLICE / "val.en.gz"),

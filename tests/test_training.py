@@ -23,7 +23,7 @@ from transformer.errors import ConfigError, TrainingError
 from transformer.model.loss import LabelSmoothedLoss
 from transformer.model.transformer import ModelConfig, Transformer
 from transformer.run import checkpoint as ckpt
-from transformer.run.config import compose_config
+from transformer.run.compose import compose_config
 from transformer.runtime import DistEnv, cpu_has_native_bf16, resolve_precision
 from transformer.tools.plots import validation_curve
 from transformer.training.optimizer import build_optimizer, decayed_parameters

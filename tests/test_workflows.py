@@ -17,7 +17,8 @@ from sacrebleu import sentence_chrf
 from transformer import cli
 from transformer.decoding.translator import Translator
 from transformer.run.checkpoint import inference_checkpoint, save_checkpoint
-from transformer.run.config import CONFIG_DIR, TrainConfig, compose_config
+from transformer.run.compose import CONFIG_DIR, compose_config
+from transformer.run.config import TrainConfig
 from transformer.tools.workflows import chunk_seed, keep_mask, work_files
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py

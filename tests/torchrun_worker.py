@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from transformer.run.config import compose_config
+from transformer.run.compose import compose_config
 from transformer.runtime import init_distributed, resolve_device
 from transformer.training.trainer import Trainer
 

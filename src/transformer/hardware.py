@@ -4,9 +4,8 @@ kernel or a size on it: the package's one place of hardware knowledge.
 - **The CPU**: `cpu_info` (a field of /proc/cpuinfo's first processor), `cpu_vendor`,
   `cpu_has_amx`, `cpu_has_native_bf16` (AVX512-BF16 or AMX: bf16 autocast pays there),
   `float32_library` (whose matrix products are faster here: MKL's BLAS or oneDNN).
-- **Threads**: `set_threads`, the one call of `torch.set_num_threads` in the package, and
-  `threads_set_to`, which sets and restores them around a block (a decoding worker's one
-  thread).
+- **Threads**: `set_threads`, the one call of `torch.set_num_threads` in the package;
+  `threads_set_to` and `threads_restored` set them for a block and restore them after it.
 - **The tuning table**: `TUNING`, one frozen `Tuning` of every constant a measurement chose
   (the attention paths' thresholds, int8's chunk sizes, decoding's batch rows, the cache's
   pool, the fused loss's chunks), detected once per process where it depends on the CPU or
@@ -26,8 +25,8 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["cpu_info", "cpu_vendor", "cpu_has_amx", "cpu_has_native_bf16", "float32_library",
-           "set_threads", "threads_set_to", "Tuning", "Measured", "MEASURED", "TUNING",
-           "detect_tuning"]
+           "set_threads", "threads_set_to", "threads_restored", "Tuning", "Measured",
+           "MEASURED", "TUNING", "detect_tuning"]
 
 
 # ---- the CPU ----------------------------------------------------------------------------
@@ -99,14 +98,21 @@ def set_threads(threads: int) -> None:
 
 
 @contextlib.contextmanager
-def threads_set_to(threads: int) -> Iterator[None]:
-    """`set_threads(threads)` for the block, then the count it had before."""
+def threads_restored() -> Iterator[None]:
+    """The thread count as it is now, set again when the block ends (exceptions included)."""
     before = torch.get_num_threads()
-    set_threads(threads)
     try:
         yield
     finally:
         set_threads(before)
+
+
+@contextlib.contextmanager
+def threads_set_to(threads: int) -> Iterator[None]:
+    """`set_threads(threads)` for the block, then the count it had before."""
+    with threads_restored():
+        set_threads(threads)
+        yield
 
 
 # ---- the measured constants -------------------------------------------------------------

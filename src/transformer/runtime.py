@@ -25,9 +25,10 @@ import torch
 import torch.distributed as dist
 
 from .errors import ConfigError
+from .hardware import cpu_has_native_bf16
 
 __all__ = ["resolve_device", "device_index", "DistEnv", "init_distributed", "Precision",
-           "resolve_precision", "cpu_has_native_bf16", "configure_cuda", "prefetched"]
+           "resolve_precision", "configure_cuda", "prefetched"]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -139,14 +140,6 @@ def init_distributed(device: torch.device) -> DistEnv:
 # ---- precision and CUDA switches --------------------------------------------------------
 
 
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 matrices natively: AVX512-BF16 or AMX tiles, as
-    PyTorch's CPU capability probes report them. Elsewhere oneDNN emulates bf16 through
-    float32 and autocast only slows training down."""
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
-
-
 @dataclass(frozen=True)
 class Precision:
     """The autocast dtype of a run (None: float32) and why it was chosen, for the log."""
@@ -157,7 +150,8 @@ class Precision:
 
 def resolve_precision(name: str, device: torch.device) -> Precision:
     """`trainer.precision` on `device`. `auto`: bf16 on CUDA (fp16 where bf16 is missing);
-    on CPU bf16 where the CPU computes it natively (`cpu_has_native_bf16`), else float32."""
+    on CPU bf16 where the CPU computes it natively (`hardware.cpu_has_native_bf16`), else
+    float32."""
     dtypes = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
     if name != "auto":
         return Precision(dtypes[name], f"trainer.precision={name}")

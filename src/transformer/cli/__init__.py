@@ -7,7 +7,7 @@
 
 Each command is a module of this package with a `main(argv) -> int`; `scripts/*.py` in the
 repository call the same functions. The two commands that take the training configuration
-(`train`, `prepare-data`) are Hydra apps over the package's configs (`config.CONFIG_DIR`;
+(`train`, `prepare-data`) are Hydra apps over the package's configs (`compose.CONFIG_DIR`;
 `--config-dir DIR` adds a user's own presets, under new names); the others use argparse.
 Every command reports the package's errors the same way (`report_errors`).
 """
@@ -160,7 +160,7 @@ def hydra_command(task: Callable[[TrainConfig, Path], object]) -> Callable[..., 
         if "-h" in args or "--help" in args:
             doc = sys.modules[task.__module__].__doc__ or command
             return report_errors(lambda: print(_hydra_help(command, doc, args)))
-        from ..run.config import register_configs
+        from ..run.compose import register_configs
 
         register_configs()
         new_run_dir = _NewRunDirectory.before(args)
@@ -180,7 +180,7 @@ def _run_hydra(task: Callable[[TrainConfig, Path], object],
     from omegaconf import DictConfig
     from omegaconf.errors import OmegaConfBaseException
 
-    from ..run.config import CONFIG_DIR, load_config, override_error
+    from ..run.compose import CONFIG_DIR, load_config, override_error
 
     def run_task(cfg: DictConfig) -> None:
         run_dir = Path(HydraConfig.get().runtime.output_dir)

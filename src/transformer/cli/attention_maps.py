@@ -16,8 +16,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
+from .. import hardware
 from ..decoding.translator import Translator
 from ..tools.attention_maps import write_attention_maps
 from . import command_parser, report_errors
@@ -41,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> None:
     check_counts(args)
     if args.threads:
-        torch.set_num_threads(args.threads)
+        hardware.set_threads(args.threads)
     translator = Translator.load(args.checkpoint, args.device)
     target = args.target
     if target is None:

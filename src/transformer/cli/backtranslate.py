@@ -44,7 +44,7 @@ from pathlib import Path
 from ..decoding.translator import BaseTranslator
 from ..errors import ConfigError
 from ..files import atomic_write
-from ..run.config import CorpusConfig
+from ..run.data_config import CorpusConfig
 from ..tools.workflows import (
     BacktranslationSettings,
     backtranslate,

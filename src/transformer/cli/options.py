@@ -16,11 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
+from .. import hardware
 from ..data.text import ParallelText
+from ..decoding.corpus import DEFAULT_MAX_TOKENS
 from ..decoding.request import OPTIONS, DecodingRequest, option_name
-from ..decoding.search import DEFAULT_MAX_TOKENS
 from ..decoding.translator import QUANTIZE, BaseTranslator, Translator
 from ..deploy.engines import ENGINES, load_translator
 from ..errors import ConfigError
@@ -228,7 +227,7 @@ def load_for_evaluation(args: argparse.Namespace) -> Evaluation:
     `add_evaluation_options`' options. Sets the thread count; raises CheckpointError,
     DataError or OSError with a one-line message."""
     if args.threads:
-        torch.set_num_threads(args.threads)
+        hardware.set_threads(args.threads)
     translator = Translator.load(args.checkpoint, args.device)
     text = evaluation_text(translator.training_config, data=args.data,
                            data_root=args.data_root, src=args.src, ref=args.ref,

@@ -17,8 +17,8 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..decoding.alignment import format_alignment
+from ..decoding.corpus import DEFAULT_MAX_TOKENS
 from ..decoding.request import DecodingRequest
-from ..decoding.search import DEFAULT_MAX_TOKENS
 from ..decoding.translator import BaseTranslator, Translation
 from ..errors import DataError, require
 

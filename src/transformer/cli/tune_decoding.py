@@ -22,9 +22,8 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
-from ..decoding.search import DEFAULT_MAX_TOKENS
+from .. import hardware
+from ..decoding.corpus import DEFAULT_MAX_TOKENS
 from ..decoding.translator import Translator
 from ..errors import ConfigError
 from ..run.checkpoint import (
@@ -80,7 +79,7 @@ def run(args: argparse.Namespace) -> None:
                            data_root=args.data_root, src=args.src, ref=args.ref,
                            max_sentences=args.max_sentences, name=args.set)
     if args.threads:
-        torch.set_num_threads(args.threads)
+        hardware.set_threads(args.threads)
     described = ", ".join(f"{one.name} {len(one.text)}" for one in sets)
     print(f"{len(checkpoints)} checkpoints ({checkpoints[0].name} .. {checkpoints[-1].name}); "
           f"validation: {described} sentences, beam {args.beam_size}"

@@ -30,7 +30,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..errors import ConfigError
-from ..run.config import NAME, DecodingSettings
+from ..run.config import DecodingSettings
+from ..run.data_config import NAME
 
 __all__ = ["MAX_BEAM_SIZE", "OPTIONS", "RequestError", "Sampling", "AlignmentOptions",
            "DecodingRequest", "option_name", "literal"]

@@ -1,11 +1,8 @@
-"""Decoding: beam search and sampling over the model's key/value cache, and
-`search_corpus`, the one path that decodes many sentences (training validation, the
-Translator, evaluation): sorted longest first, packed into batches of at most `max_tokens`
-source tokens and `MAX_ROWS` rows (`batching.pack`), returned in input order, as a
-`decoding.DecodingRequest` asks.
+"""Decoding a batch of sentences: beam search and sampling over the model's key/value cache.
+Many sentences are decoded by `corpus.search_corpus`, which batches them and calls these.
 
 Each step feeds only the newest token; the decoder's self-attention keys/values grow in a
-preallocated cache (`attention.KVCache`), and the encoder-decoder keys/values are projected
+preallocated cache (`cache.KVCache`), and the encoder-decoder keys/values are projected
 once per sentence and shared by its beams. A request's `use_cache=False` re-runs the decoder
 over the whole prefix instead (the reference for tests and benchmarks).
 
@@ -24,7 +21,7 @@ and CTranslate2 search:
   appears twice.
 - Each step takes the best 2 * beam candidates over beam x vocab per sentence (each row's
   log-probs computed in place, then one top-k; an int8 output projection's logits a chunk
-  of whole sentences at a time, `ops.rows_per_call`). Candidates ending in EOS among the best
+  of whole sentences at a time, `int8.rows_per_call`). Candidates ending in EOS among the best
   `beam` become finished hypotheses; the best `beam` others go on, so the beam stays full
   (with `beam_size=1` this is exactly greedy search, whatever alpha).
 - A sentence stops when it has `beam` finished hypotheses and, at some step, its best
@@ -35,40 +32,32 @@ and CTranslate2 search:
   best reach `s / lp(max_len + 1)`. All finished hypotheses are ranked by their GNMT score.
 - Finished sentences leave the batch (their rows are dropped from the caches).
 
-Sampling (`decoding.Sampling`, `sample_search`) draws each token instead (back-translation); top-k 1
-is greedy search. With `parallel` CPU threads, `decode_batches` searches that many batches
-at once, one thread each (beam search's batches packed in full rounds of the threads:
-`batching.even_rounds`).
+Sampling (`request.Sampling`, `sample_search`) draws each token instead (back-translation);
+top-k 1 is greedy search.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from ..data.batching import even_rounds, pad_rows, sorted_batches
+from .. import hardware
+from ..data.batching import pad_rows
 from ..model.blocks import LayerCache
-from ..model.layers import rows_per_call
+from ..model.int8 import rows_per_call
 from ..model.transformer import Transformer, eval_mode
 from ..run.config import DecodingSettings
 from .request import DecodingRequest, Sampling
 
-__all__ = ["DEFAULT_ALPHA", "DEFAULT_MAX_TOKENS", "Hypothesis", "GREEDY", "draw",
-           "length_penalty", "max_output_lengths", "sample_search", "beam_search",
-           "pad_prefixes", "search_corpus", "decode_batches"]
+__all__ = ["DEFAULT_ALPHA", "Hypothesis", "GREEDY", "draw", "length_penalty",
+           "max_output_lengths", "sample_search", "beam_search", "pad_prefixes"]
 
 DEFAULT_ALPHA = DecodingSettings.alpha
-DEFAULT_MAX_TOKENS = 8192  # source tokens per decoding batch, padding included, before the beam
-# Rows (sentences x beam) per decoding batch, at the most: fewer rows make each step's fixed
-# costs weigh more, many more make the caches copied every step outgrow the CPU's caches
-# (docs/RESULTS.md, "Engines on every CPU").
-MAX_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -119,7 +108,7 @@ def _logits(model: Transformer, hidden: Tensor) -> Tensor:
 @contextlib.contextmanager
 def _search_cache(model: Transformer, use_cache: bool) -> Iterator[list[LayerCache] | None]:
     """`model.new_cache()` for one search (None without `use_cache`); when the search
-    ends, its buffers go to `attention.CACHE_BUFFERS` for the next search to write into."""
+    ends, its buffers go to `cache.CACHE_BUFFERS` for the next search to write into."""
     cache = model.new_cache() if use_cache else None
     try:
         yield cache
@@ -313,7 +302,7 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
 def _best_candidates(model: Transformer, scores: Tensor, hidden: Tensor, k: int,
                      forced: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """`_top_candidates` from the decoder states `hidden` (a * width, d): the logits of
-    as many whole sentences at a time as `ops.rows_per_call` gives the output projection
+    as many whole sentences at a time as `int8.rows_per_call` gives the output projection
     rows (an int8 layer's chunks: its logits are never joined into one (rows, vocab)
     tensor, and each chunk's stay in the CPU's caches for their log-softmax and top-k)."""
     num_active, width = scores.shape
@@ -352,23 +341,22 @@ def _top_candidates(scores: Tensor, logits: Tensor, k: int,
     return top_scores, top_index // vocab_size, top_index % vocab_size
 
 
-TOPK_BLOCK = 128  # columns per block in `_topk`
-
-
 def _topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """`x.topk(k, dim=1)` over wide rows (beam x vocabulary), best first, in two cheap
-    passes: the k largest values of a row lie in the k blocks of `TOPK_BLOCK` columns with the
-    largest maxima, so a vectorized max over every block picks those blocks, and the top-k
-    runs over them only (with the columns left over after the last whole block)."""
+    passes: the k largest values of a row lie in the k blocks of `topk_block` columns (the
+    tuning table's) with the largest maxima, so a vectorized max over every block picks
+    those blocks, and the top-k runs over them only (with the columns left over after the
+    last whole block)."""
     rows, n = x.shape
-    num_blocks = n // TOPK_BLOCK
+    block = hardware.TUNING.topk_block
+    num_blocks = n // block
     if num_blocks < 4 * k:  # narrow rows: the plain top-k
         return x.topk(k, dim=1)
-    whole = num_blocks * TOPK_BLOCK
-    blocks = x[:, :whole].unflatten(1, (num_blocks, TOPK_BLOCK))  # a view
+    whole = num_blocks * block
+    blocks = x[:, :whole].unflatten(1, (num_blocks, block))  # a view
     best_blocks = blocks.amax(-1).topk(k, dim=1).indices  # (rows, k)
-    columns = (best_blocks[:, :, None] * TOPK_BLOCK
-               + torch.arange(TOPK_BLOCK, device=x.device)).flatten(1)  # (rows, k * block)
+    columns = (best_blocks[:, :, None] * block
+               + torch.arange(block, device=x.device)).flatten(1)  # (rows, k * block)
     columns = torch.cat([columns, torch.arange(whole, n, device=x.device).expand(rows, -1)], 1)
     values, picked = x.gather(1, columns).topk(k, dim=1)
     return values, columns.gather(1, picked)
@@ -396,93 +384,3 @@ def _collect(finished: list[list[Hypothesis]], kth_score: Tensor, ended: Tensor,
     if kth:
         kth_score[list(kth)] = torch.tensor(list(kth.values()), dtype=kth_score.dtype,
                                             device=kth_score.device)
-
-
-def search_corpus(model: Transformer, sources: Sequence[Sequence[int]],
-                  request: DecodingRequest = DecodingRequest(), *,
-                  prefixes: Sequence[Sequence[int]] | None = None,
-                  max_tokens: int = DEFAULT_MAX_TOKENS,
-                  on_progress: Callable[[int], None] | None = None
-                  ) -> list[list[Hypothesis]]:
-    """Beam search (or, with `request.sampling`, `sample_search`) over many sentences, in
-    input order: the one decoding path of validation, translation and evaluation (batched
-    by `decode_batches`, at most `MAX_ROWS` rows, sentences x beam, a batch). `sources` are
-    source ids with EOS appended; `prefixes`, target ids each output must begin with (one
-    list per source, [] for none). `beam_size=1` is greedy search. Sampling draws from one
-    generator seeded with `sampling.seed`."""
-    device = model.device
-
-    def search(batch: list[int]) -> list[list[Hypothesis]]:
-        src, src_valid_lens = pad_rows([sources[i] for i in batch], model.config.pad_id,
-                                       device)
-        prefix = None if prefixes is None else pad_prefixes([prefixes[i] for i in batch],
-                                                            device)
-        if request.sampling is not None:  # a batch's draws depend on the seed and the batch
-            generator = torch.Generator(device).manual_seed(
-                hash((request.sampling.seed, batch[0])) & 0x7FFF_FFFF_FFFF_FFFF)
-            return [[hyp] for hyp in sample_search(model, src, src_valid_lens, request,
-                                                   generator=generator, prefix=prefix)]
-        return beam_search(model, src, src_valid_lens, request, prefix=prefix)
-
-    parallel = torch.get_num_threads() if device.type == "cpu" else 1
-    return decode_batches(sources, search, nbest=request.nbest, max_tokens=max_tokens,
-                          max_sentences=max(1, MAX_ROWS // request.beam_size),
-                          parallel=parallel, balanced=request.sampling is None,
-                          on_progress=on_progress)
-
-
-def decode_batches(sources: Sequence[Sequence[int]],
-                   search: Callable[[list[int]], list[list[Hypothesis]]], *,
-                   nbest: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS,
-                   max_sentences: int | None = None, parallel: int = 1,
-                   balanced: bool = False,
-                   on_progress: Callable[[int], None] | None = None
-                   ) -> list[list[Hypothesis]]:
-    """Run `search` (a batch, as indices into `sources` -> n-best lists) over many
-    sentences and return the results in input order; shared by `search_corpus` and the
-    CTranslate2 engine. An empty source gets `nbest` empty hypotheses without a search.
-    Sentences are sorted longest first and packed into batches of at most `max_tokens`
-    padded source tokens (before the beam expands them) and `max_sentences` sentences
-    (`search_corpus`: `MAX_ROWS` rows). `on_progress(n)` is called as sentences are done.
-
-    `parallel` > 1 (CPU threads): when there are at least that many batches, that many
-    batches are searched at once, each on its own thread with single-threaded operators,
-    as CTranslate2's `inter_threads` does: decoding runs many small operators, which gain
-    little from being split over threads (docs/RESULTS.md, "Decoding: our engine's speed").
-    `balanced`: the batches packed again so that the threads end together
-    (`batching.even_rounds`); they then depend on `parallel`, so sampling, whose draws
-    depend on the batches and must not depend on the threads, leaves it off."""
-    results = [[Hypothesis([], 0.0, 0.0)] * nbest for _ in sources]
-    todo = [i for i, ids in enumerate(sources) if ids]
-    if on_progress is not None and len(todo) < len(sources):
-        on_progress(len(sources) - len(todo))
-    sizes = [len(ids) for ids in sources]
-    batches = sorted_batches(todo, sizes, max_tokens, max_sentences)
-    if balanced:
-        batches = even_rounds(batches, sizes, max_tokens, parallel, max_sentences)
-    for batch, found in _each_searched(batches, search, parallel):
-        for i, sentence_hyps in zip(batch, found, strict=True):
-            results[i] = sentence_hyps
-        if on_progress is not None:
-            on_progress(len(batch))
-    return results
-
-
-def _each_searched(batches: list[list[int]],
-                   search: Callable[[list[int]], list[list[Hypothesis]]],
-                   parallel: int) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
-    """(batch, its search results) for each batch, in order; `parallel` at a time."""
-    if parallel <= 1 or len(batches) < parallel:
-        yield from ((batch, search(batch)) for batch in batches)
-        return
-
-    def single_threaded(batch: list[int]) -> list[list[Hypothesis]]:
-        torch.set_num_threads(1)  # this worker thread's operators (OpenMP: per thread)
-        return search(batch)
-
-    threads = torch.get_num_threads()
-    try:
-        with ThreadPoolExecutor(parallel, thread_name_prefix="search") as pool:
-            yield from zip(batches, pool.map(single_threaded, batches), strict=True)
-    finally:
-        torch.set_num_threads(threads)

@@ -11,14 +11,14 @@
 `engines.py`), and all that `transformer translate`, the server and the export rely on. Every
 call decodes as one `decoding.DecodingRequest` says, built and checked once (`request`).
 
-A multilingual model (trained into several target languages, `config.DataConfig.lang_tags`)
+A multilingual model (trained into several target languages, `data_config.DataConfig.lang_tags`)
 reads the target language's tag (`<2fr>`) in front of every source, as in training: each
 call names its language (`target_lang`), `check` refuses a call without one or into a
 language the model was not trained for, and `encode_sources`, the one source encoding of
 every path (search, sampling, prefixes, alignments, scoring), puts the tag first. The tag is
 not a word of the text: alignments count the text's words only.
 
-`quantize="int8"` runs our engine's linear layers in int8 (`ops.quantize_int8`, PyTorch's
+`quantize="int8"` runs our engine's linear layers in int8 (`int8.quantize_int8`, PyTorch's
 dynamic quantization, CPU only): int8 weights and matrix products, outputs close to
 float32's but not always equal. The one rule for it: `check_quantize`.
 """
@@ -38,7 +38,7 @@ from ..data.batching import sorted_batches
 from ..data.store import ParallelCorpus
 from ..data.tokenizer import TokenizerPair
 from ..errors import CheckpointError, DataError, ExportError
-from ..model.layers import quantize_int8
+from ..model.int8 import quantize_int8
 from ..model.loss import sentence_log_probs
 from ..model.transformer import ModelConfig, Transformer
 from ..run.checkpoint import (
@@ -55,8 +55,9 @@ from ..run.checkpoint import (
 from ..run.config import DecodingSettings, TrainConfig
 from ..runtime import resolve_device
 from .alignment import attention_weights, word_alignment
+from .corpus import DEFAULT_MAX_TOKENS, search_corpus
 from .request import DecodingRequest, RequestError, literal
-from .search import DEFAULT_MAX_TOKENS, Hypothesis, length_penalty, search_corpus
+from .search import Hypothesis, length_penalty
 
 __all__ = ["Translation", "BaseTranslator", "Translator", "QUANTIZE", "check_quantize"]
 
@@ -70,7 +71,7 @@ QUANTIZE = ("int8",)  # what `Translator`'s `quantize` may be, besides None (flo
 def check_quantize(quantize: str | None, device: torch.device) -> None:
     """`RequestError` naming quantize (`--quantize` on the command line) unless `quantize`
     is None, or one of QUANTIZE on the CPU: PyTorch's dynamically quantized layers
-    (`ops.quantize_int8`) have CPU kernels only."""
+    (`int8.quantize_int8`) have CPU kernels only."""
     if quantize is None:
         return
     if quantize not in QUANTIZE:
@@ -380,7 +381,7 @@ class Translator(BaseTranslator):
     `decoding` defaults to those stored in the checkpoint by `transformer tune-decoding`
     (alpha and beam size chosen on validation data), else `DecodingSettings()`. `quantize`
     "int8" decodes with a copy of `model` whose linear layers are int8
-    (`ops.quantize_int8`; CPU only, `check_quantize`); None keeps it float32.
+    (`int8.quantize_int8`; CPU only, `check_quantize`); None keeps it float32.
     """
 
     engine: ClassVar[str] = "torch"

@@ -7,7 +7,7 @@ loads either engine (ours, `translator.Translator`, or CTranslate2's) by name.
     translator.translate(lines, beam_size=5)     # the same API and return values either way
 
 Both are `translator.BaseTranslator`s: the same source encoding, batching
-(`search.decode_batches`), n-best lists, blank-line handling, scores and the same
+(`corpus.decode_batches`), n-best lists, blank-line handling, scores and the same
 `decoding.DecodingRequest`, so `transformer translate`'s output and BLEU reports work with
 either.
 
@@ -61,8 +61,10 @@ from typing import Any, ClassVar, Union
 
 import torch
 
+from .. import hardware
+from ..decoding.corpus import decode_batches
 from ..decoding.request import DecodingRequest, RequestError
-from ..decoding.search import Hypothesis, decode_batches, length_penalty, max_output_lengths
+from ..decoding.search import Hypothesis, length_penalty, max_output_lengths
 from ..decoding.translator import BaseTranslator, Translator
 from ..errors import ConfigError, ExportError
 from ..model.transformer import ModelConfig
@@ -73,10 +75,6 @@ __all__ = ["ENGINES", "CTranslate2Translator", "engine_for", "load_translator"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 ENGINES = ("torch", "ctranslate2")
-# Source tokens per CTranslate2 sub-batch (measured: docs/RESULTS.md, "Engines"): larger
-# ones make larger matrix products; with a vocabulary map, smaller ones score fewer candidates.
-SUB_BATCH_TOKENS = 1024
-MAPPED_SUB_BATCH_TOKENS = 256
 
 
 class CTranslate2Translator(BaseTranslator):
@@ -229,7 +227,9 @@ class CTranslate2Translator(BaseTranslator):
         source tokens, which its threads take in turn: several per batch, so that the
         threads share the work evenly, and at least one per thread."""
         padded = len(batch) * max(len(ids) for ids in batch)
-        limit = MAPPED_SUB_BATCH_TOKENS if self.vocab_map else SUB_BATCH_TOKENS
+        tuning = hardware.TUNING  # source tokens per sub-batch
+        limit = (tuning.ct2_mapped_sub_batch_tokens if self.vocab_map
+                 else tuning.ct2_sub_batch_tokens)
         return max(1, min(limit, math.ceil(padded / self.parallel)))
 
     def _rescore_cut(self, sources: list[list[str]], candidates: list[list[Hypothesis]],
@@ -287,13 +287,13 @@ def load_translator(checkpoint: PathLike | Sequence[PathLike], engine: str = "au
     `Translator.load`); "ctranslate2" loads an export directory, whose type its export
     chose (`quantize` refused); "auto" (the default) takes the one that reads `checkpoint`
     (`engine_for`). `threads` sets the engine's CPU threads (for torch:
-    `torch.set_num_threads`, process-wide). Raises CheckpointError / ExportError /
+    `hardware.set_threads`, process-wide). Raises CheckpointError / ExportError /
     ConfigError with one-line messages."""
     if engine == "auto":
         engine = engine_for(checkpoint)
     if engine == "torch":
         if threads:
-            torch.set_num_threads(threads)
+            hardware.set_threads(threads)
         return Translator.load(checkpoint, device=device, quantize=quantize)
     if engine != "ctranslate2":
         raise ConfigError(f"engine must be auto, {', '.join(ENGINES)}, got {engine!r}")

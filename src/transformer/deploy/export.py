@@ -53,6 +53,7 @@ from ..decoding.vocab_map import VocabMap
 from ..errors import ExportError, require
 from ..files import atomic_directory, atomic_write
 from ..model.attention import MultiHeadAttention
+from ..model.pruning import unpruned_weights
 from ..model.transformer import ModelConfig, Transformer
 from ..run.config import DecodingSettings, TrainConfig
 
@@ -123,8 +124,8 @@ def _set_layer_norm(spec: Any, ln: nn.LayerNorm) -> None:
 def _set_attention(spec: Any, attention: MultiHeadAttention, num_heads: int, *,
                    self_attention: bool) -> None:
     """Self-attention: linear[0] = fused QKV; cross: linear[0] = Q, linear[1] = fused KV.
-    Pruned heads are zeros (`MultiHeadAttention.unpruned_weights`)."""
-    full = attention.unpruned_weights()
+    Pruned heads are zeros (`pruning.unpruned_weights`)."""
+    full = unpruned_weights(attention)
     wq, wk, wv, w_o = (full[f"{name}.weight"] for name in ("W_q", "W_k", "W_v", "W_o"))
     bq, bk, bv = (full.get(f"{name}.bias", torch.zeros(len(full[f"{name}.weight"])))
                   for name in ("W_q", "W_k", "W_v"))

@@ -56,6 +56,7 @@ from ..data.tokenizer import SpecialIds, Tokenizer, TokenizerPair
 from ..decoding.translator import Translator
 from ..errors import CheckpointError, ExportError, require
 from ..files import atomic_directory, atomic_write
+from ..model.pruning import unpruned_weights
 from ..model.transformer import ModelConfig, Transformer
 from ..run.checkpoint import inference_checkpoint
 from ..run.config import DecodingSettings
@@ -159,10 +160,10 @@ def to_hf_state(model: Transformer) -> dict[str, Tensor]:
 
 def _unpruned_state(model: Transformer) -> dict[str, Tensor]:
     """The state dict with pruned heads restored as zeros
-    (`MultiHeadAttention.unpruned_weights`)."""
+    (`pruning.unpruned_weights`)."""
     state = {k: v.detach() for k, v in model.state_dict().items()}
     for name in model.config.pruned_heads:
-        for key, value in model.get_submodule(name).unpruned_weights().items():
+        for key, value in unpruned_weights(model.get_submodule(name)).items():
             state[f"{name}.{key}"] = value
     return state
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from .attention import KVCache, MultiHeadAttention
+from .attention import MultiHeadAttention
+from .cache import KVCache
 from .layers import Dropout, Linear
 
 __all__ = ["FFN_ACTIVATIONS", "PositionWiseFFN", "AddNorm", "EncoderBlock", "DecoderBlock",
@@ -79,7 +80,7 @@ class EncoderBlock(nn.Module):
                 key_mask: Tensor | None = None) -> Tensor:
         """X (batch, src_len, num_hiddens) -> same shape. The padding: valid_lens (batch,),
         or key_mask (batch, src_len) bool, True = a real token (the encoder builds it once
-        for all its blocks, `attention.key_padding_mask`)."""
+        for all its blocks, `masks.key_padding_mask`)."""
         Y = self.addnorm1.residual(
             X, lambda x: self.attention(x, x, x, valid_lens, key_mask=key_mask))
         return self.addnorm2.residual(Y, self.ffn)

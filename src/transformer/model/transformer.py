@@ -23,9 +23,9 @@ from torch import Tensor, nn
 
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from ..errors import ConfigError
-from .attention import key_padding_mask
 from .blocks import FFN_ACTIVATIONS, DecoderBlock, EncoderBlock, LayerCache
 from .layers import Dropout, Linear
+from .masks import key_padding_mask
 
 __all__ = ["Hyperparameters", "ModelConfig", "PositionalEncoding", "TransformerEncoder",
            "TransformerDecoder", "Transformer", "eval_mode"]
@@ -297,7 +297,7 @@ class Transformer(nn.Module):
     @property
     def device(self) -> torch.device:
         """Where the model's parameters are (read from the target embedding, which stays a
-        float tensor where the linear layers are quantized, `ops.quantize_int8`)."""
+        float tensor where the linear layers are quantized, `int8.quantize_int8`)."""
         return self.decoder.embedding.weight.device
 
     def num_parameters(self) -> int:

@@ -8,7 +8,7 @@ an attribute docstring, the string on the line after it (as pydantic's
     \"\"\"The peak learning rate, reached at the end of warmup; null: chosen by the budget.\"\"\"
 
 `attribute_docs` reads them with `ast` from the classes' source, base classes first. From
-them and `config.schema_keys`, `key_docs` lists every key by group (`optim.lr`, and the keys
+them and `compose.schema_keys`, `key_docs` lists every key by group (`optim.lr`, and the keys
 of a list's entries, `data.corpora[].weight`) with its type, default and doc; two readers
 present them: `config_help`, the body of `transformer train --help` (the presets of each
 group and every key with the default of the config the command line composes, `composed`),
@@ -31,13 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .config import (
-    CONFIG_DIR,
-    TrainConfig,
-    override_error,
-    register_configs,
-    schema_keys,
-)
+from .compose import CONFIG_DIR, override_error, register_configs, schema_keys
+from .config import TrainConfig
 
 __all__ = ["KeyDoc", "attribute_docs", "key_docs", "group_docs", "presets", "composed",
            "format_value", "config_help", "KEY_COLUMN", "markdown_reference",
@@ -167,7 +162,7 @@ def composed(overrides: Sequence[str] = (), config_dir: Path | None = None
     """(the training config that `overrides` compose, as plain values, not validated,
     {group: the preset chosen}): what `transformer train ... --help` describes. Not
     validated, so that `data=files` shows its defaults before its paths are given; a bad
-    override still raises ConfigError (`config.override_error`). `config_dir`: a user's
+    override still raises ConfigError (`compose.override_error`). `config_dir`: a user's
     presets, searched after the package's (`--config-dir`)."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException

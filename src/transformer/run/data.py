@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Union
 
 import numpy as np
+import torch.distributed as dist
 
 from ..data import multi30k
 from ..data.batching import eval_batches, train_batches
@@ -50,11 +51,13 @@ from ..data.text import check_aligned, iter_parallel, non_empty, read_parallel
 from ..data.tokenizer import Tokenizer, TokenizerPair
 from ..errors import DataError
 from ..files import atomic_write
-from .config import CorpusConfig, DataConfig, EvalSetConfig
+from ..runtime import DistEnv
+from .checkpoint import tokenizers_from_state, tokenizers_to_state
+from .data_config import CorpusConfig, DataConfig, EvalSetConfig
 from .tokenizers import existing_tokenizers, train_tokenizers
 
 __all__ = ["SplitFiles", "corpus_files", "eval_set_files", "store_path", "write_split_store",
-           "split_store", "Data", "load_data", "CLEANING_REPORT"]
+           "split_store", "Data", "load_data", "load_data_on_ranks", "CLEANING_REPORT"]
 
 log = logging.getLogger(__name__)
 
@@ -471,4 +474,24 @@ def load_data(
                                                          strict=True)))
     with atomic_write(run_dir / CLEANING_REPORT, text=True) as f:
         f.write(table)
+    return data
+
+
+def load_data_on_ranks(cfg: DataConfig, run_dir: PathLike, env: DistEnv,
+                       tokenizers: TokenizerPair | None = None) -> Data:
+    """`load_data` for every rank of a torchrun job (one process: `load_data` itself). Rank
+    0 finds or trains the tokenizers and prepares the stores, and sends the tokenizers to
+    every rank; then the first rank of each other node prepares what its node lacks (nothing
+    on a shared filesystem), while the node's other ranks wait; then those open the stores,
+    whose pages their node's OS shares between them."""
+    if not env.distributed:
+        return load_data(cfg, run_dir, tokenizers=tokenizers)
+    data = load_data(cfg, run_dir, tokenizers=tokenizers) if env.is_main else None
+    box = [tokenizers_to_state(data.tokenizers) if env.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    tokenizers = tokenizers_from_state({"tokenizer": box[0]}, "rank 0's tokenizers")
+    for node_leaders in (True, False):
+        if not env.is_main and (env.local_rank == 0) == node_leaders:
+            data = load_data(cfg, run_dir, tokenizers=tokenizers)
+        dist.barrier()
     return data

@@ -29,7 +29,7 @@ import numpy as np
 from ..data.text import ParallelText, iter_parallel
 from ..data.tokenizer import Tokenizer, TokenizerPair
 from ..errors import DataError
-from .config import DataConfig
+from .data_config import DataConfig
 
 __all__ = ["spm_paths", "existing_tokenizers", "sample_pairs", "vocab_size_for",
            "train_tokenizers", "MIN_VOCAB", "MAX_VOCAB"]

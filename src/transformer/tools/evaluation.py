@@ -24,11 +24,12 @@ from sacrebleu.metrics import BLEU
 
 from ..data import multi30k
 from ..data.text import ParallelText, read_parallel
-from ..decoding.search import DEFAULT_MAX_TOKENS
+from ..decoding.corpus import DEFAULT_MAX_TOKENS
 from ..decoding.translator import Translator
 from ..errors import CheckpointError, DataError
 from ..run.checkpoint import load_checkpoint, numbered_checkpoints
-from ..run.config import DataConfig, TrainConfig
+from ..run.config import TrainConfig
+from ..run.data_config import DataConfig
 
 __all__ = ["evaluation_text", "EvaluationSet", "evaluation_sets", "checkpoints_within",
            "DecodingTrial", "tune_decoding", "best_trial"]

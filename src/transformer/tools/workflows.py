@@ -43,12 +43,12 @@ import numpy as np
 from sacrebleu.metrics import CHRF
 
 from ..data.text import check_aligned, count_lines, iter_line_blocks, iter_parallel
+from ..decoding.corpus import DEFAULT_MAX_TOKENS
 from ..decoding.request import DecodingRequest
-from ..decoding.search import DEFAULT_MAX_TOKENS
 from ..decoding.translator import BaseTranslator
 from ..errors import ConfigError, DataError
 from ..files import append_synced, atomic_write
-from ..run.config import CorpusConfig
+from ..run.data_config import CorpusConfig
 
 __all__ = ["count_input", "BacktranslationSettings", "Progress", "work_files", "resume_point",
            "chunk_seed", "BacktranslationReport", "backtranslate", "corpus_fragment",

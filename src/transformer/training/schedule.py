@@ -57,13 +57,15 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from ..data.mixture import Mixture
 from ..run.config import TrainConfig
 from .log import format_duration
 
 __all__ = ["Budget", "BatchRow", "BATCH_ROWS", "DROPOUT_ROWS", "BudgetSettings", "Plan",
            "Schedule", "batch_row", "dropout_for", "budget_settings", "explain_settings",
            "default_budget",
-           "with_budget", "probe_settings", "fit_to_budget", "lr_lambda", "null_settings",
+           "with_budget", "run_budget", "epoch_tokens", "epoch_limit_note",
+           "describe_settings", "probe_settings", "fit_to_budget", "lr_lambda", "null_settings",
            "needs_budget_settings", "DEFAULT_EPOCHS", "DEFAULT_MAX_TOKENS", "DEFAULT_MAX_TIME",
            "PLAN_AFTER", "REPLAN_EVERY"]
 
@@ -295,6 +297,65 @@ def null_settings(cfg: TrainConfig) -> list[str]:
     values = {"data.max_tokens": cfg.data.max_tokens, "optim.lr": cfg.optim.lr,
               "model.dropout": cfg.model.dropout}
     return [key for key, value in values.items() if value is None]
+
+
+def epoch_tokens(train: Mixture, seed: int) -> int:
+    """The target tokens of the first epoch's pairs of `train` (EOS included): what the
+    budget is counted in epochs against."""
+    draw = train.draw(seed, 1)
+    return int(train.tgt_lens[draw].sum()) + len(draw)
+
+
+def run_budget(cfg: TrainConfig, epoch_tokens: int,
+               trained: TrainConfig | None = None) -> TrainConfig:
+    """`cfg` with a budget: its own limits; those of `trained` (a resumed run's stored
+    config) when `cfg` gives none; else `default_budget` for a corpus of `epoch_tokens`
+    target tokens an epoch, logged."""
+    if Budget.of(cfg).limited:
+        return cfg
+    if trained is not None and Budget.of(trained).limited:
+        return with_budget(cfg, Budget.of(trained))
+    budget = default_budget(epoch_tokens)
+    log.info("budget: %s, the default of a run that sets no limit: %d epochs of this "
+             "corpus's %s target tokens, at most %s target tokens and at most %s (set "
+             "trainer.max_target_tokens, trainer.max_time or trainer.max_updates to choose)",
+             budget.describe(), DEFAULT_EPOCHS, f"{epoch_tokens:,}", f"{DEFAULT_MAX_TOKENS:,}",
+             format_duration(DEFAULT_MAX_TIME))
+    return with_budget(cfg, budget)
+
+
+def epoch_limit_note(cfg: TrainConfig, epoch_tokens: int, tokens_per_second: float | None,
+                     world_size: int = 1) -> str | None:
+    """What to say when `trainer.max_epochs` ends the run before its budget: the schedule
+    cools down on the budget, so such a run ends at a high learning rate (None: it does
+    not)."""
+    update_tokens = cfg.data.max_tokens * cfg.optim.update_freq * world_size
+    expected = Budget.of(cfg).expected_tokens(update_tokens, tokens_per_second)
+    epochs = cfg.trainer.max_epochs
+    if epochs is None or expected is None or epochs * epoch_tokens >= expected:
+        return None
+    why = (f"the learning rate is not cooled down (optim.cooldown={cfg.optim.cooldown} is a "
+           "share of the budget)" if cfg.optim.cooldown else "the schedule is cut there")
+    return (f"trainer.max_epochs={epochs} ends the run first, at "
+            f"~{100 * epochs * epoch_tokens / expected:.0f}% of its budget "
+            f"({epoch_tokens:,} target tokens an epoch): {why}")
+
+
+def describe_settings(budget: Budget, settings: BudgetSettings,
+                      tokens_per_second: float | None, epoch_tokens: int,
+                      keys: list[str]) -> str:
+    """The log's line for the settings `budget` chose for the config's null `keys`, and
+    why (`explain_settings`)."""
+    speed = tokens_per_second
+    expected = budget.expected_tokens(settings.update_tokens, speed)
+    return (f"settings for a budget of {budget.describe()} ("
+            + (f"{speed:,.0f} target tokens/s measured: " if speed else "")
+            + ("no limit on" if expected is None else f"~{expected:,.0f}")
+            + " target tokens expected"
+            + ("" if settings.epochs is None else
+               f", {settings.epochs:,.1f} epochs of {epoch_tokens:,}")
+            + f"): {explain_settings(settings, keys)} ({', '.join(keys)} null in the config; "
+            f"set {'it' if len(keys) == 1 else 'them'} to choose)")
 
 
 def needs_budget_settings(cfg: TrainConfig) -> bool:

@@ -7,15 +7,16 @@ One update = `optim.update_freq` batches; their summed loss is divided by the nu
 tokens of the whole update on all ranks (as fairseq does), so gradient accumulation and more
 GPUs only change the batch size. The loss is `loss.LabelSmoothedLoss` (the output projection
 fused into the label-smoothed cross-entropy); validation uses `loss.evaluate_loss` and decodes
-with `search.search_corpus`, the same functions the head tools and the Translator use.
+with `corpus.search_corpus`, the same functions the head tools and the Translator use.
 The device, the process group, the precision and CUDA's switches come from `runtime`
 (`resolve_device` rejects a device this machine lacks before any work), the optimizer from
 `optimizer` (PyTorch's Adam), the learning rate of each update from `schedule` (fitted to the
-run's budget: updates, target tokens or time). Everything else is PyTorch's own
-too: `torch.amp`, `clip_grad_norm_`, DDP with `no_sync()` while accumulating.
+run's budget: updates, target tokens or time), the counters from `state`, validation from
+`validation`. Everything else is PyTorch's own too: `torch.amp`, `clip_grad_norm_`, DDP
+with `no_sync()` while accumulating.
 
 The run directory holds `config.yaml` (resolved), `spm.model`, `checkpoints/`, TensorBoard
-event files and `train.log` (written by `train_log.TrainLog`); only rank 0 logs and writes.
+event files and `train.log` (written by `log.TrainLog`); only rank 0 logs and writes.
 A run directory that already has `checkpoints/checkpoint_last.pt` is resumed: model,
 optimizer, schedule, scaler, counters, position in the epoch and RNG states are restored, so
 the losses continue exactly.
@@ -31,12 +32,11 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 import numpy as np
-import sacrebleu
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
@@ -44,15 +44,14 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..data.store import Batch
-from ..decoding.request import DecodingRequest
-from ..decoding.search import search_corpus
 from ..errors import CheckpointError, TrainingError, WriteError
 from ..files import atomic_write
-from ..model.loss import LabelSmoothedLoss, evaluate_loss
-from ..model.transformer import ModelConfig, Transformer, eval_mode
+from ..model.loss import LabelSmoothedLoss
+from ..model.transformer import ModelConfig, Transformer
 from ..run import checkpoint as ckpt
-from ..run.config import ModelSettings, TrainConfig, load_config
-from ..run.data import Data, load_data
+from ..run.compose import load_config
+from ..run.config import ModelSettings, TrainConfig
+from ..run.data import load_data_on_ranks
 from ..runtime import (
     DistEnv,
     configure_cuda,
@@ -61,99 +60,36 @@ from ..runtime import (
     resolve_device,
     resolve_precision,
 )
-from ..tools.attention_maps import encoder_decoder_figure
 from .log import (
     RunProgress,
     TrainLog,
     ValidationMetrics,
-    format_duration,
     setup_logging,
 )
 from .optimizer import build_optimizer
 from .schedule import (
-    DEFAULT_EPOCHS,
-    DEFAULT_MAX_TIME,
-    DEFAULT_MAX_TOKENS,
     Budget,
     BudgetSettings,
     Schedule,
     budget_settings,
-    default_budget,
-    explain_settings,
+    describe_settings,
+    epoch_limit_note,
+    epoch_tokens,
     fit_to_budget,
     needs_budget_settings,
     null_settings,
     probe_settings,
-    with_budget,
+    run_budget,
 )
+from .speed import measure_speed
+from .state import Agreement, TrainClock, TrainResult, TrainState
+from .validation import ValidationReport, validate
 
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
-__all__ = ["TrainResult", "TrainState", "TrainClock", "Trainer", "ValidationReport", "train"]
+__all__ = ["Trainer", "train", "stop_on_signals"]
 
 log = logging.getLogger(__name__)
-SPEED_PROBE_STEPS = 8  # training steps timed for a time budget's settings (after one warm-up)
 PathLike = Union[str, "os.PathLike[str]"]
 
-
-@dataclass
-class TrainState:
-    """Counters saved in checkpoints (plain values) so that a resumed run continues exactly."""
-
-    epoch: int = 1  # 1-based
-    batches_done: int = 0  # this rank's batches of `epoch` already trained on
-    num_updates: int = 0
-    best_bleu: float = -1.0
-    bad_validations: int = 0  # validations since the best BLEU (early stopping)
-    last_validation: int = -1  # num_updates at the last validation
-    bad_updates: int = 0  # updates skipped for a non-finite loss/gradient, in total
-    bad_in_row: int = 0
-    train_time: float = 0.0  # seconds, over all resumed runs
-    target_tokens: int = 0  # target tokens trained on (all ranks), over all resumed runs
-
-    @property
-    def trained_epoch(self) -> int:
-        """The epoch of the latest update (`epoch` already points at the next one after an
-        epoch ends)."""
-        return self.epoch - 1 if self.batches_done == 0 and self.epoch > 1 else self.epoch
-
-
-@dataclass
-class TrainResult:
-    """What `train` returns (the tests read the losses)."""
-
-    stop_reason: str
-    state: TrainState
-    losses: list[float] = field(default_factory=list)  # per update of this run, per token
-    valid: ValidationMetrics | None = None  # the last validation's
-
-
-@dataclass
-class TrainClock:
-    """Training time in seconds, summed over resumed runs: `offset` (what earlier runs
-    trained) plus the time since `start()`. Before `start()` it reads `offset`."""
-
-    offset: float = 0.0
-    started: float | None = None
-
-    def start(self) -> None:
-        self.started = time.monotonic()
-
-    def elapsed(self) -> float:
-        return self.offset + (0.0 if self.started is None else time.monotonic() - self.started)
-
-
-@dataclass
-class _Agreement:
-    """What all ranks agree on before an update (one all-reduce)."""
-
-    tokens: float  # target tokens of this update, over all ranks
-    seconds: float  # training time so far (the ranks' mean: one schedule for all)
-    stop: str | None  # "signal" or "max_time" if any rank must stop, else None
-
-
-# ---- the trainer ------------------------------------------------------------------------
 
 
 class Trainer:
@@ -177,25 +113,12 @@ class Trainer:
                 cfg, model=ModelSettings.of(ModelConfig.from_dict(init[1]["model_config"]),
                                             name="init_from"))
         start = resume or init
-        self.data = self._load_data(None if start is None else
+        self.data = load_data_on_ranks(cfg.data, run_dir, env, None if start is None else
                                     ckpt.tokenizers_from_state(start[1], start[0]))
-        if cfg.data.vocab_size is None:  # chosen by the corpus when SentencePiece trained
-            self.cfg = cfg = replace(cfg, data=replace(
-                cfg.data, vocab_size=self.data.tokenizers.src.vocab_size))
-            self.data = replace(self.data, cfg=cfg.data)
-        self.epoch_tokens = self._epoch_tokens()
-        self.cfg = cfg = self._with_budget(cfg, resume)
         self.budget_settings: BudgetSettings | None = None  # what the budget chose, if any
         self._tokens_per_second: float | None = None  # measured for a time budget's settings
-        probe_seconds = 0.0
-        if needs_budget_settings(cfg):
-            started = time.monotonic()
-            self.budget_settings = self._choose_budget_settings(resume)
-            probe_seconds = time.monotonic() - started  # used by a new run only
-            self._log_budget_settings(null_settings(cfg))
-            self.cfg = cfg = fit_to_budget(cfg, self.budget_settings, env.world_size)
-            self.data = replace(self.data, cfg=cfg.data)
-        self._note_epoch_limit()
+        self.cfg = cfg = self._fitted(cfg, resume)
+        self.data = replace(self.data, cfg=cfg.data)
         torch.manual_seed(cfg.seed)  # the same initial model on every rank
         self.model = self._build_model(init, load_weights=resume is None).to(self.device)
         self.optimizer = build_optimizer(self.model, cfg)
@@ -207,8 +130,8 @@ class Trainer:
         torch.manual_seed(cfg.seed + env.rank)  # dropout differs between ranks
         if resume is not None:
             self._restore(*resume)
-        else:
-            self.state.train_time = probe_seconds  # the speed probe counts against the budget
+        else:  # the speed probe counts against the budget
+            self.state.train_time = self._probe_seconds
         self.clock = TrainClock(self.state.train_time)
         self.progress = self.schedule.budget.progress(self.state.num_updates,
                                                       self.state.target_tokens,
@@ -245,64 +168,33 @@ class Trainer:
         return None if self.cfg.init_from is None else ckpt.load_init_checkpoint(
             self.cfg.init_from)
 
-    def _load_data(self, tokenizers) -> Data:
-        """Rank 0 finds or trains the tokenizers and prepares the stores, and sends the
-        tokenizers to every rank; then the first rank of each other node prepares what its
-        node lacks (nothing on a shared filesystem), while the node's other ranks wait; then
-        those open the stores, whose pages their node's OS shares between them."""
-        env = self.env
-        if not env.distributed:
-            return load_data(self.cfg.data, self.run_dir, tokenizers=tokenizers)
-        data = load_data(self.cfg.data, self.run_dir, tokenizers=tokenizers) \
-            if env.is_main else None
-        box = [ckpt.tokenizers_to_state(data.tokenizers) if env.is_main else None]
-        dist.broadcast_object_list(box, src=0)
-        tokenizers = ckpt.tokenizers_from_state({"tokenizer": box[0]}, "rank 0's tokenizers")
-        for node_leaders in (True, False):
-            if not env.is_main and (env.local_rank == 0) == node_leaders:
-                data = load_data(self.cfg.data, self.run_dir, tokenizers=tokenizers)
-            dist.barrier()
-        return data
-
-    def _epoch_tokens(self) -> int:
-        """The target tokens of the first epoch's pairs (EOS included): what the budget is
-        counted in epochs against."""
-        train = self.data.train
-        draw = train.draw(self.cfg.data.seed, 1)
-        return int(train.tgt_lens[draw].sum()) + len(draw)
-
-    def _with_budget(self, cfg: TrainConfig, resume: tuple[Path, dict] | None) -> TrainConfig:
-        """`cfg` with a budget: its own limits; a resumed run's, when the command line gives
-        none; else `schedule.default_budget` for this corpus (logged)."""
-        if Budget.of(cfg).limited:
-            return cfg
+    def _fitted(self, cfg: TrainConfig, resume: tuple[Path, dict] | None) -> TrainConfig:
+        """`cfg` with what the corpus and the budget choose filled in, each choice logged:
+        the vocabulary size (SentencePiece trained by then), the budget
+        (`schedule.run_budget`), the batch size, dropout and peak lr
+        (`_choose_budget_settings`); and a note when `trainer.max_epochs` comes first."""
+        if cfg.data.vocab_size is None:
+            cfg = replace(cfg, data=replace(cfg.data,
+                                            vocab_size=self.data.tokenizers.src.vocab_size))
+        self.epoch_tokens = epoch_tokens(self.data.train, cfg.data.seed)
         trained = resume and ckpt.stored_training_config(resume[1], resume[0])
-        if trained and Budget.of(trained).limited:
-            return with_budget(cfg, Budget.of(trained))
-        budget = default_budget(self.epoch_tokens)
-        log.info("budget: %s, the default of a run that sets no limit: %d epochs of this "
-                 "corpus's %s target tokens, at most %s target tokens and at most %s (set "
-                 "trainer.max_target_tokens, trainer.max_time or trainer.max_updates to "
-                 "choose)", budget.describe(), DEFAULT_EPOCHS, f"{self.epoch_tokens:,}",
-                 f"{DEFAULT_MAX_TOKENS:,}", format_duration(DEFAULT_MAX_TIME))
-        return with_budget(cfg, budget)
+        cfg = run_budget(cfg, self.epoch_tokens, trained or None)
+        started, self._probe_seconds = time.monotonic(), 0.0
+        if needs_budget_settings(cfg):
+            self.budget_settings = self._choose_budget_settings(cfg, resume)
+            self._probe_seconds = time.monotonic() - started  # used by a new run only
+            log.info("%s", describe_settings(Budget.of(cfg), self.budget_settings,
+                                             self._tokens_per_second, self.epoch_tokens,
+                                             null_settings(cfg)))
+            cfg = fit_to_budget(cfg, self.budget_settings, self.env.world_size)
+        note = epoch_limit_note(cfg, self.epoch_tokens, self._tokens_per_second,
+                                self.env.world_size)
+        if note:
+            log.info("%s", note)
+        return cfg
 
-    def _note_epoch_limit(self) -> None:
-        """Say so when `trainer.max_epochs` ends the run before its budget: the schedule
-        cools down on the budget, so such a run ends at a high learning rate."""
-        cfg, speed = self.cfg, self._tokens_per_second
-        expected = Budget.of(cfg).expected_tokens(
-            cfg.data.max_tokens * cfg.optim.update_freq * self.env.world_size, speed)
-        epochs = cfg.trainer.max_epochs
-        if epochs is not None and expected is not None and epochs * self.epoch_tokens < expected:
-            log.info("trainer.max_epochs=%d ends the run first, at ~%.0f%% of its budget (%s "
-                     "target tokens an epoch): %s", epochs,
-                     100 * epochs * self.epoch_tokens / expected, f"{self.epoch_tokens:,}",
-                     f"the learning rate is not cooled down (optim.cooldown={cfg.optim.cooldown}"
-                     " is a share of the budget)" if cfg.optim.cooldown else
-                     "the schedule is cut there")
-
-    def _choose_budget_settings(self, resume: tuple[Path, dict] | None) -> BudgetSettings:
+    def _choose_budget_settings(self, cfg: TrainConfig,
+                                resume: tuple[Path, dict] | None) -> BudgetSettings:
         """The settings for this run's budget and corpus (`schedule.budget_settings`): a
         resumed run's own (one saved without them: the values it trained with), else chosen
         on rank 0 (measuring the speed first when a time limit may bind) for every rank."""
@@ -313,54 +205,22 @@ class Trainer:
             return BudgetSettings(
                 0, trained.data.max_tokens * self.env.world_size * trained.optim.update_freq,
                 trained.model.dropout, trained.optim.lr, trained.optim.warmup_fraction)
-        budget = Budget.of(self.cfg)
+        budget = Budget.of(cfg)
         box: list[Any] = [None]
         if self.env.is_main:
-            self._tokens_per_second = (self._measure_speed() * self.env.world_size
+            self._tokens_per_second = (self._measure_speed(cfg) * self.env.world_size
                                        if budget.max_time is not None else None)
             box = [budget_settings(budget, self.epoch_tokens, self._tokens_per_second)]
         if self.env.distributed:
             dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def _measure_speed(self) -> float:
-        """Target tokens per second of this rank's training steps (forward, backward and
-        Adam, at the run's precision) on the first batches at the smallest row's batch
-        size: what a time budget allows, before the batch size is chosen. Small batches
-        train the fewest tokens per second, so the estimate errs toward the smaller rows
-        (the safe side: a row used below its budget loses far more than one used above it).
-        The model measured is dropped (the run's own is built after, from its seed)."""
-        cfg = fit_to_budget(self.cfg, probe_settings())
-        model = Transformer(self._model_config(cfg.model)).to(self.device)
-        loss_fn = LabelSmoothedLoss(model, cfg.optim.label_smoothing)
-        optimizer = build_optimizer(model, cfg)
-        data = replace(self.data, cfg=cfg.data)
-        tokens, started = 0, time.perf_counter()
-        for i, idx in enumerate(data.train_batches(epoch=1)[:SPEED_PROBE_STEPS + 1]):
-            if i == 1:  # the first step allocates and warms up: left out
-                tokens, started = 0, time.perf_counter()
-            batch = data.train.collate(idx).to(self.device)
-            loss = self.batch_loss(batch, loss_fn)
-            (loss / batch.num_tgt_tokens).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            loss.item()  # waits for the device
-            tokens += batch.num_tgt_tokens
-        return tokens / max(time.perf_counter() - started, 1e-9)
-
-    def _log_budget_settings(self, keys: list[str]) -> None:
-        """The settings the budget chose for the config's null `keys`, and why."""
-        settings, speed = self.budget_settings, self._tokens_per_second
-        budget = Budget.of(self.cfg)
-        expected = budget.expected_tokens(settings.update_tokens, speed)
-        log.info("settings for a budget of %s (%s%s target tokens expected%s): %s (%s null in "
-                 "the config; set %s to choose)", budget.describe(),
-                 f"{speed:,.0f} target tokens/s measured: " if speed else "",
-                 "no limit on" if expected is None else f"~{expected:,.0f}",
-                 "" if settings.epochs is None else
-                 f", {settings.epochs:,.1f} epochs of {self.epoch_tokens:,}",
-                 explain_settings(settings, keys), ", ".join(keys),
-                 "it" if len(keys) == 1 else "them")
+    def _measure_speed(self, cfg: TrainConfig) -> float:
+        """The speed probe of a time budget (`speed.measure_speed`), at the run's device and
+        precision, on a throwaway model (the run's own is built after, from its seed)."""
+        cfg = fit_to_budget(cfg, probe_settings())
+        return measure_speed(Transformer(self._model_config(cfg.model)).to(self.device),
+                             replace(self.data, cfg=cfg.data), cfg, self.autocast)
 
     def _model_config(self, settings: ModelSettings) -> ModelConfig:
         """The model `settings` describe, with the vocabulary the tokenizers decide."""
@@ -532,18 +392,18 @@ class Trainer:
         self._apply_update(loss_total / agreed.tokens, gnorm, agreed.tokens)
         return None
 
-    def batch_loss(self, batch: Batch, loss_fn: nn.Module | None = None) -> Tensor:
-        """Label-smoothed cross-entropy summed over the batch's target tokens, by `loss_fn`
-        (default: the run's own, `train_loss`) at the run's precision."""
+    def batch_loss(self, batch: Batch) -> Tensor:
+        """Label-smoothed cross-entropy summed over the batch's target tokens (`train_loss`)
+        at the run's precision."""
         with self.autocast():
-            return (loss_fn or self.train_loss)(batch.src, batch.src_valid_lens, batch.tgt_in,
-                                                batch.tgt_out, batch.tgt_index)
+            return self.train_loss(batch.src, batch.src_valid_lens, batch.tgt_in,
+                                   batch.tgt_out, batch.tgt_index)
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.precision.dtype or torch.bfloat16,
                               enabled=self.precision.dtype is not None)
 
-    def _agree_before_update(self, local_tokens: int) -> _Agreement:
+    def _agree_before_update(self, local_tokens: int) -> Agreement:
         """Total target tokens of this update over all ranks, and a stop reason if any rank
         got a signal or the time is up (all ranks decide alike), and the training time."""
         max_time, seconds = self.cfg.trainer.max_time, self.clock.elapsed()
@@ -556,7 +416,7 @@ class Trainer:
             votes = dict(zip(votes, t.tolist(), strict=True))
             votes["seconds"] /= self.env.world_size
         stop = "signal" if votes["signal"] else "max_time" if votes["max_time"] else None
-        return _Agreement(votes["tokens"], votes["seconds"], stop)
+        return Agreement(votes["tokens"], votes["seconds"], stop)
 
     def _reduce_stats(self, loss_sum: Tensor, gnorm: Tensor) -> tuple[float, float]:
         """(loss summed over all ranks' tokens, gradient norm) as Python floats."""
@@ -626,59 +486,10 @@ class Trainer:
         self._last_valid = metrics
         return _Validated(metrics, bool(t.patience and s.bad_validations >= t.patience))
 
-    @torch.no_grad()
     def validate(self) -> ValidationReport:
-        """Loss/perplexity on every validation set and BLEU/chrF of greedy translations
-        (several sets: each set's, and their means, which select the best checkpoint), a few
-        sample translations and, with TensorBoard, the encoder-decoder attention of the first
-        validation sentence. Writes nothing."""
-        start = time.perf_counter()
-        sets = {}
-        # Validation is random-free, but fork anyway so it can never shift dropout masks.
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), self.autocast(), eval_mode(self.model):
-            for name, corpus in self.data.valid_sets.items():
-                sets[name], hyps = self._validate_set(name, corpus)
-                if len(sets) == 1:  # the first set's samples and figure
-                    srcs, refs = corpus.src_text[:len(hyps)], corpus.tgt_text[:len(hyps)]
-                    k = self.cfg.trainer.num_samples
-                    samples = list(zip(srcs[:k], refs[:k], hyps[:k], strict=True))
-                    figure = (encoder_decoder_figure(self.model, self.data.tokenizers, srcs[0],
-                                                     refs[0])
-                              if self.log.tensorboard and hyps and not corpus.src_prefix
-                              else None)  # one fixed sentence
-        metrics = ValidationMetrics.mean(sets)
-        metrics.seconds = time.perf_counter() - start
-        return ValidationReport(metrics, samples, figure)
-
-    def _validate_set(self, name: str, corpus) -> tuple[ValidationMetrics, list[str]]:
-        """One validation set's metrics and greedy translations."""
-        start = time.perf_counter()
-        losses = evaluate_loss(self.model, (corpus.collate(idx).to(self.device)
-                                            for idx in self.data.eval_batches("valid",
-                                                                              name=name)),
-                               self.cfg.optim.label_smoothing)
-        hyps = self._translate_valid(corpus)
-        refs = corpus.tgt_text[:len(hyps)]
-        return ValidationMetrics(losses.loss, losses.nll,
-                                 sacrebleu.corpus_bleu(  # tokenized data: scored as is
-                                     hyps, [refs], tokenize="none" if self.cfg.data.tokenized
-                                     else "13a").score,
-                                 sacrebleu.corpus_chrf(hyps, [refs]).score,
-                                 time.perf_counter() - start), hyps
-
-    def _translate_valid(self, corpus) -> list[str]:
-        """Greedy translations of the first `trainer.bleu_max_sentences` sentences of a
-        validation set, detokenized, in file order (`search.search_corpus`, as the Translator
-        decodes; the set's tags in front of each source)."""
-        t = self.cfg.trainer
-        n = min(len(corpus), t.bleu_max_sentences or len(corpus))
-        sources = [corpus.pair(i)[0] + [self.model.config.eos_id] for i in range(n)]
-        request = replace(DecodingRequest(), beam_size=1, max_len_a=t.decode_max_len_a,
-                          max_len_b=t.decode_max_len_b)  # greedy, as the trainer config says
-        hyps = search_corpus(self.model, sources, request,
-                             max_tokens=t.decode_max_tokens or self.cfg.data.max_tokens)
-        return [self.data.tokenizers.tgt.decode(h[0].tokens) for h in hyps]
+        """Validation of the model as it is now (`validation.validate`); writes nothing."""
+        return validate(self.model, self.data, self.cfg, self.autocast,
+                        figure=self.log.tensorboard)
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Everything needed to resume exactly or to translate: tensors and plain values."""
@@ -719,15 +530,6 @@ class Trainer:
             still = (f"the last good checkpoint is still {last}" if last.is_file()
                      else "no checkpoint was written yet")
             raise TrainingError(f"{e}; {still}") from e
-
-
-@dataclass
-class ValidationReport:
-    """What `Trainer.validate` returns."""
-
-    metrics: ValidationMetrics
-    samples: list[tuple[str, str, str]]  # (source, reference, greedy translation)
-    figure: Figure | None  # encoder-decoder attention of the first sentence
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""ops.Dropout, ops.linear and ops.linear_label_smoothed_cross_entropy against PyTorch's own."""
+"""model.layers' Dropout, linear and linear_label_smoothed_cross_entropy against PyTorch's
+own."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ from torch import nn
 from torch.nn import functional as F
 from torch.profiler import ProfilerActivity, profile
 
-import transformer.model.layers as ops
-from transformer.model.layers import Dropout, Linear, linear_label_smoothed_cross_entropy
+from transformer.model.layers import (
+    Dropout,
+    Linear,
+    default_chunk_rows,
+    linear_label_smoothed_cross_entropy,
+)
 
 
 def operators(f) -> set[str]:
@@ -20,11 +25,11 @@ def operators(f) -> set[str]:
 
 
 @pytest.mark.parametrize("library", ["onednn", "blas"])
-def test_linear_multiplies_float32_inference_through_the_library_chosen(library, monkeypatch):
-    """Whichever library `FLOAT32_LIBRARY` names (forced here), `Linear` computes `F.linear`
-    in inference (within float32 rounding), through oneDNN's operator for "onednn" only;
-    with gradients it is `F.linear` itself, exactly."""
-    monkeypatch.setattr(ops, "FLOAT32_LIBRARY", library)
+def test_linear_multiplies_float32_inference_through_the_library_chosen(library, tuning):
+    """Whichever library the tuning table's `float32_library` names (forced here), `Linear`
+    computes `F.linear` in inference (within float32 rounding), through oneDNN's operator for
+    "onednn" only; with gradients it is `F.linear` itself, exactly."""
+    tuning(float32_library=library)
     torch.manual_seed(0)
     layer, x = Linear(64, 96), torch.randn(5, 7, 64)
     with torch.no_grad():
@@ -35,31 +40,6 @@ def test_linear_multiplies_float32_inference_through_the_library_chosen(library,
     trained = layer(x)
     assert trained.requires_grad and torch.equal(trained, F.linear(x, layer.weight, layer.bias))
     assert "mkldnn::_linear_pointwise" not in operators(lambda: layer(x))
-
-
-@pytest.mark.parametrize("vendor, library", [("GenuineIntel", "blas"),
-                                             ("AuthenticAMD", "onednn"), (None, "onednn")])
-def test_the_float32_library_follows_the_cpus_vendor(vendor, library, monkeypatch):
-    """MKL's BLAS on Intel's CPUs (its AVX-512 kernels run there only), oneDNN elsewhere."""
-    monkeypatch.setattr(ops, "cpu_vendor", lambda: vendor)
-    if torch.backends.mkldnn.is_available():
-        assert ops.float32_library() == library
-    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
-    assert ops.float32_library() == "blas"  # PyTorch built without oneDNN
-
-
-def test_cpu_info_reads_the_first_processors_field_by_its_whole_name(tmp_path):
-    """/proc/cpuinfo lists "model" before "model name": each is found by its own name, in
-    the first processor's block only; a missing field or file is None."""
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n"
-                       "model\t\t: 17\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu avx2\n\n"
-                       "processor\t: 1\nmodel\t\t: 99\nmicrocode\t: 0xa101\n")
-    read = lambda field: ops.cpu_info(field, str(cpuinfo))
-    assert (read("model"), read("model name"), read("cpu family")) == ("17", "AMD EPYC 9R14", "25")
-    assert read("flags").split() == ["fpu", "avx2"] and read("vendor_id") == "AuthenticAMD"
-    assert read("microcode") is None
-    assert ops.cpu_info("model", str(tmp_path / "missing")) is None
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
@@ -167,11 +147,11 @@ def test_fused_loss_with_an_output_bias_equals_the_biased_projection():
         torch.testing.assert_close(mine.grad, theirs.grad)
 
 
-def test_fused_loss_chunks_are_sized_for_the_device():
+def test_fused_loss_chunks_are_sized_for_the_device(tuning):
     """A CPU chunk holds ~4M logits (cache-sized), a GPU chunk ~64M (an 8k-token batch of an
-    8k vocabulary in one chunk); never fewer than MIN_CHUNK_ROWS rows."""
-    from transformer.model.layers import MIN_CHUNK_ROWS, default_chunk_rows
-
+    8k vocabulary in one chunk); never fewer than the table's loss_min_chunk_rows rows."""
     assert default_chunk_rows(8000, torch.device("cpu")) == 2 ** 22 // 8000 == 524
     assert default_chunk_rows(8000, torch.device("cuda")) == 2 ** 26 // 8000 >= 8192
-    assert default_chunk_rows(58101, torch.device("cpu")) == MIN_CHUNK_ROWS
+    assert default_chunk_rows(58101, torch.device("cpu")) == 512
+    tuning(loss_chunk_logits_cpu=2 ** 20, loss_min_chunk_rows=64)
+    assert default_chunk_rows(8000, torch.device("cpu")) == 2 ** 20 // 8000 == 131

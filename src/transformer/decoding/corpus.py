@@ -1,0 +1,116 @@
+"""Decoding many sentences: `search_corpus`, the one path that translates a corpus
+(training validation, the Translator, evaluation), and `decode_batches`, its batching and
+threads, which the CTranslate2 engine shares.
+
+Sentences are sorted longest first, packed into batches of at most `max_tokens` source tokens
+and the tuning table's `decode_max_rows` rows (`batching.pack`: sentences x beam), searched
+(`search.beam_search`, or `search.sample_search` for a request that samples) and returned in
+input order, as one `request.DecodingRequest` asks. With `parallel` CPU threads,
+`decode_batches` searches that many batches at once, one thread each, as CTranslate2's
+`inter_threads` does (beam search's batches packed in full rounds of the threads:
+`batching.even_rounds`): decoding runs many small operators, which gain little from being
+split over threads (docs/RESULTS.md, "Decoding: our engine's speed").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from .. import hardware
+from ..data.batching import even_rounds, pad_rows, sorted_batches
+from ..model.transformer import Transformer
+from .request import DecodingRequest
+from .search import Hypothesis, beam_search, pad_prefixes, sample_search
+
+__all__ = ["DEFAULT_MAX_TOKENS", "search_corpus", "decode_batches"]
+
+DEFAULT_MAX_TOKENS = 8192  # source tokens per decoding batch, padding included, before the beam
+
+
+def search_corpus(model: Transformer, sources: Sequence[Sequence[int]],
+                  request: DecodingRequest = DecodingRequest(), *,
+                  prefixes: Sequence[Sequence[int]] | None = None,
+                  max_tokens: int = DEFAULT_MAX_TOKENS,
+                  on_progress: Callable[[int], None] | None = None
+                  ) -> list[list[Hypothesis]]:
+    """Beam search (or, with `request.sampling`, `sample_search`) over many sentences, in
+    input order: the one decoding path of validation, translation and evaluation (batched
+    by `decode_batches`, at most the tuning table's `decode_max_rows` rows, sentences x
+    beam, a batch). `sources` are
+    source ids with EOS appended; `prefixes`, target ids each output must begin with (one
+    list per source, [] for none). `beam_size=1` is greedy search. Sampling draws from one
+    generator seeded with `sampling.seed`."""
+    device = model.device
+
+    def search(batch: list[int]) -> list[list[Hypothesis]]:
+        src, src_valid_lens = pad_rows([sources[i] for i in batch], model.config.pad_id,
+                                       device)
+        prefix = None if prefixes is None else pad_prefixes([prefixes[i] for i in batch],
+                                                            device)
+        if request.sampling is not None:  # a batch's draws depend on the seed and the batch
+            generator = torch.Generator(device).manual_seed(
+                hash((request.sampling.seed, batch[0])) & 0x7FFF_FFFF_FFFF_FFFF)
+            return [[hyp] for hyp in sample_search(model, src, src_valid_lens, request,
+                                                   generator=generator, prefix=prefix)]
+        return beam_search(model, src, src_valid_lens, request, prefix=prefix)
+
+    parallel = torch.get_num_threads() if device.type == "cpu" else 1
+    return decode_batches(sources, search, nbest=request.nbest, max_tokens=max_tokens,
+                          max_sentences=max(1, hardware.TUNING.decode_max_rows
+                                            // request.beam_size),
+                          parallel=parallel, balanced=request.sampling is None,
+                          on_progress=on_progress)
+
+
+def decode_batches(sources: Sequence[Sequence[int]],
+                   search: Callable[[list[int]], list[list[Hypothesis]]], *,
+                   nbest: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS,
+                   max_sentences: int | None = None, parallel: int = 1,
+                   balanced: bool = False,
+                   on_progress: Callable[[int], None] | None = None
+                   ) -> list[list[Hypothesis]]:
+    """Run `search` (a batch, as indices into `sources` -> n-best lists) over many
+    sentences and return the results in input order; shared by `search_corpus` and the
+    CTranslate2 engine. An empty source gets `nbest` empty hypotheses without a search.
+    Sentences are sorted longest first and packed into batches of at most `max_tokens`
+    padded source tokens (before the beam expands them) and `max_sentences` sentences
+    (`search_corpus`: `decode_max_rows` rows). `on_progress(n)` is called as sentences are
+    done. `parallel` > 1 (CPU threads): when there are at least that many batches, that
+    many batches are searched at once, each on its own thread with single-threaded
+    operators. `balanced`: the batches packed again so that the threads end together
+    (`batching.even_rounds`); they then depend on `parallel`, so sampling, whose draws
+    depend on the batches and must not depend on the threads, leaves it off."""
+    results = [[Hypothesis([], 0.0, 0.0)] * nbest for _ in sources]
+    todo = [i for i, ids in enumerate(sources) if ids]
+    if on_progress is not None and len(todo) < len(sources):
+        on_progress(len(sources) - len(todo))
+    sizes = [len(ids) for ids in sources]
+    batches = sorted_batches(todo, sizes, max_tokens, max_sentences)
+    if balanced:
+        batches = even_rounds(batches, sizes, max_tokens, parallel, max_sentences)
+    for batch, found in _each_searched(batches, search, parallel):
+        for i, sentence_hyps in zip(batch, found, strict=True):
+            results[i] = sentence_hyps
+        if on_progress is not None:
+            on_progress(len(batch))
+    return results
+
+
+def _each_searched(batches: list[list[int]],
+                   search: Callable[[list[int]], list[list[Hypothesis]]],
+                   parallel: int) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
+    """(batch, its search results) for each batch, in order; `parallel` at a time."""
+    if parallel <= 1 or len(batches) < parallel:
+        yield from ((batch, search(batch)) for batch in batches)
+        return
+
+    def single_threaded(batch: list[int]) -> list[list[Hypothesis]]:
+        hardware.set_threads(1)  # this worker thread's operators (OpenMP: per thread)
+        return search(batch)
+
+    with hardware.threads_restored(), \
+            ThreadPoolExecutor(parallel, thread_name_prefix="search") as pool:
+        yield from zip(batches, pool.map(single_threaded, batches), strict=True)

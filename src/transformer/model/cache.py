@@ -1,0 +1,201 @@
+"""The decoding cache: keys and values of past steps (`KVCache`; one per attention layer, a
+`blocks.LayerCache` per decoder block), and the pool of buffers finished caches leave for
+the next ones (`BufferPool`, `CACHE_BUFFERS`).
+
+A decoder's self-attention cache grows by a step at a time; it is written, with the rows
+beam search kept, into a second preallocated buffer at each step (one copy per step, however
+many reorders came between two appends), and its buffers outlive the search in
+`CACHE_BUFFERS`, so that the next batch writes into memory already paged in. The
+encoder-decoder attention's cache is static: the encoder output projected once.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+from .. import hardware
+
+__all__ = ["BufferPool", "CACHE_BUFFERS", "release_cache_buffers", "KVCache"]
+
+
+class BufferPool:
+    """Flat buffers that finished decoding caches leave for the next ones to write into.
+
+    A batch's self-attention cache grows to tens of MB per layer. Memory fresh from the
+    operating system costs a page fault per 4 KB page on its first write, and the C
+    library hands a freed buffer that large back to the system at once: without reuse,
+    every batch of a corpus faulted its whole cache in again, in the copy that fills it.
+    `take` hands out the smallest kept buffer that is large enough, else a new one; `give`
+    keeps buffers, the largest first, up to `max_bytes` (None: the tuning table's
+    `cache_pool_bytes`). CPU buffers only: on a GPU, PyTorch's caching allocator already
+    reuses freed memory. Safe to share between threads (two batches searched at once)."""
+
+    def __init__(self, max_bytes: int | None = None):
+        self.max_bytes = max_bytes
+        self._kept: list[Tensor] = []
+        self._lock = threading.Lock()
+
+    @property
+    def kept(self) -> list[Tensor]:
+        """The buffers kept now, the largest first (a copy of the list)."""
+        with self._lock:
+            return list(self._kept)
+
+    @property
+    def kept_bytes(self) -> int:
+        """The bytes of the buffers kept now."""
+        return sum(b.numel() * b.element_size() for b in self.kept)
+
+    def take(self, numel: int, like: Tensor) -> Tensor:
+        """A flat buffer of at least `numel` elements of `like`'s dtype and device, its
+        contents undefined: a kept one, else a new one of twice `numel` (room to grow).
+        A buffer made under `torch.inference_mode` is handed out only there, the one place
+        PyTorch lets it be written."""
+        writable = torch.is_inference_mode_enabled()
+        with self._lock:
+            fits = [i for i, b in enumerate(self._kept) if b.numel() >= numel
+                    and b.dtype == like.dtype and b.device == like.device
+                    and (writable or not b.is_inference())]
+            if fits:
+                return self._kept.pop(min(fits, key=lambda i: self._kept[i].numel()))
+        return like.new_empty(2 * numel)
+
+    def give(self, buffers: Iterable[Tensor]) -> None:
+        """Keep `buffers` (those on the CPU) for later `take`s; no one may read or write
+        them any more."""
+        with self._lock:
+            self._kept.extend(b for b in buffers if b.device.type == "cpu")
+            self._kept.sort(key=lambda b: -b.numel() * b.element_size())
+            limit = (hardware.TUNING.cache_pool_bytes if self.max_bytes is None
+                     else self.max_bytes)
+            total = 0
+            for i, b in enumerate(self._kept):
+                total += b.numel() * b.element_size()
+                if total > limit:
+                    del self._kept[i:]  # the smallest: the cheapest to allocate again
+                    break
+
+    def clear(self) -> None:
+        """Drop every kept buffer (their memory is freed as usual)."""
+        with self._lock:
+            self._kept.clear()
+
+
+# The buffers of the decoder self-attention caches (`KVCache.release`), for all models in
+# the process, up to the tuning table's `cache_pool_bytes` (two batches searched at once);
+# beyond it, new ones. Training empties it after each validation (`release_cache_buffers`).
+CACHE_BUFFERS = BufferPool()
+
+
+def release_cache_buffers() -> None:
+    """Free the buffers finished decoding caches left for later searches: a training run
+    keeps them only while it validates."""
+    CACHE_BUFFERS.clear()
+
+
+class KVCache:
+    """Keys and values of past decoding steps; `keys`/`values` are (batch, num_heads, steps,
+    head_dim), contiguous: the layout batched matrix products read fastest (read through a
+    permuted steps-first view, a step's self-attention over 24-64 cached steps took 3.3-4.1x
+    as long; docs/RESULTS.md, "Engines on every CPU > The cache reordered in place").
+
+    `static=False` (decoder self-attention): each call appends the new steps by writing the
+    cached steps, then the new ones, into a second buffer (the start of a flat buffer with
+    room for more, taken from `pool`, so no allocation once it is large enough), which
+    becomes the current one. Reordering the batch (beam search) only notes the rows to keep;
+    the next append gathers them in that same copy (one `index_select`), so beam search
+    copies the cache once per step, however many reorders came between two appends. The
+    owner of a finished cache calls `release`, which gives its buffers back to `pool`.
+    `static=True` (encoder-decoder attention): the encoder output is projected on the
+    first call and reused on every later call; a reorder selects its rows at once.
+    """
+
+    def __init__(self, static: bool = False, pool: BufferPool = CACHE_BUFFERS):
+        self.static = static
+        self.pool = pool
+        self.length = 0  # steps cached
+        self._keys: Tensor | None = None
+        self._values: Tensor | None = None
+        self._rows: Tensor | None = None  # self-attention: rows a reorder kept, not yet gathered
+        self._buffers: list[Tensor] = []  # self-attention: flat [keys, values] now in use
+        self._spare: list[Tensor] = []  # and the pair the next append writes into
+        self._outgrown: list[Tensor] = []  # and buffers too small by now, until `release`
+
+    @property
+    def keys(self) -> Tensor | None:
+        self._gather_pending()
+        return self._keys
+
+    @property
+    def values(self) -> Tensor | None:
+        self._gather_pending()
+        return self._values
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Cache new steps' k, v (batch, heads, new_steps, head_dim) -> all steps' keys
+        and values (batch, heads, steps, head_dim)."""
+        if self.static:
+            self._keys, self._values, self.length = k.contiguous(), v.contiguous(), k.shape[2]
+            return self._keys, self._values
+        batch, heads, new, head_dim = k.shape
+        shape = (batch, heads, self.length + new, head_dim)
+        if not self._spare or min(b.numel() for b in self._spare) < math.prod(shape):
+            self._outgrown += self._spare
+            self._spare = [self.pool.take(math.prod(shape), k) for _ in range(2)]
+        stored = []
+        for spare, cached, added in zip(self._spare, (self._keys, self._values), (k, v),
+                                        strict=True):
+            out = _prefix(spare, shape)
+            if cached is not None:
+                _gather(cached, self._rows, out[:, :, :self.length])
+            out[:, :, self.length:] = added
+            stored.append(out)
+        self._buffers, self._spare = self._spare, self._buffers
+        self._keys, self._values = stored
+        self._rows, self.length = None, shape[2]
+        return self._keys, self._values
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (e.g. surviving beams), in place."""
+        if self._keys is None:
+            return
+        if self.static:
+            self._keys = self._keys.index_select(0, index)
+            self._values = self._values.index_select(0, index)
+        else:
+            self._rows = index if self._rows is None else self._rows.index_select(0, index)
+
+    def release(self) -> None:
+        """Empty the cache and give its buffers to `pool` for the next cache (the caller
+        holds no `keys`/`values` read from it any more)."""
+        self.pool.give(self._buffers + self._spare + self._outgrown)
+        self._buffers, self._spare, self._outgrown = [], [], []
+        self._keys = self._values = self._rows = None
+        self.length = 0
+
+    def _gather_pending(self) -> None:
+        """Apply a reorder that no append has gathered yet (for a reader of `keys`)."""
+        if self._rows is not None:
+            self._keys, self._values = (x.index_select(0, self._rows)
+                                        for x in (self._keys, self._values))
+            self._rows = None
+
+
+def _gather(cached: Tensor, rows: Tensor | None, out: Tensor) -> None:
+    """Write `cached` (its `rows`, where given) into the view `out`."""
+    if rows is None:
+        out.copy_(cached)
+    elif cached.requires_grad:  # out= is not differentiable
+        out.copy_(cached.index_select(0, rows))
+    else:
+        torch.index_select(cached, 0, rows, out=out)
+
+
+def _prefix(buffer: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """The start of a flat buffer viewed as a contiguous tensor of `shape`."""
+    return buffer[:math.prod(shape)].view(shape)

@@ -1,0 +1,82 @@
+"""hardware.py: the CPU read from /proc/cpuinfo, the library chosen by its vendor, the one
+place that sets the threads, and the tuning table, every constant of which says what it
+decides, where it was measured and where docs/RESULTS.md has the numbers."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer import hardware
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "RESULTS.md"
+
+
+@pytest.mark.parametrize("vendor, library", [("GenuineIntel", "blas"),
+                                             ("AuthenticAMD", "onednn"), (None, "onednn")])
+def test_the_float32_library_follows_the_cpus_vendor(vendor, library, monkeypatch):
+    """MKL's BLAS on Intel's CPUs (its AVX-512 kernels run there only), oneDNN elsewhere."""
+    monkeypatch.setattr(hardware, "cpu_vendor", lambda: vendor)
+    if torch.backends.mkldnn.is_available():
+        assert hardware.float32_library() == library
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert hardware.float32_library() == "blas"  # PyTorch built without oneDNN
+
+
+def test_cpu_info_reads_the_first_processors_field_by_its_whole_name(tmp_path):
+    """/proc/cpuinfo lists "model" before "model name": each is found by its own name, in
+    the first processor's block only; a missing field or file is None."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n"
+                       "model\t\t: 17\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu avx2\n\n"
+                       "processor\t: 1\nmodel\t\t: 99\nmicrocode\t: 0xa101\n")
+    read = lambda field: hardware.cpu_info(field, str(cpuinfo))
+    assert (read("model"), read("model name"), read("cpu family")) == ("17", "AMD EPYC 9R14", "25")
+    assert read("flags").split() == ["fpu", "avx2"] and read("vendor_id") == "AuthenticAMD"
+    assert read("microcode") is None
+    assert hardware.cpu_info("model", str(tmp_path / "missing")) is None
+
+
+def test_every_measured_constant_says_what_it_decides_and_where_it_was_measured():
+    """One entry of MEASURED per field of the table, each naming a section of
+    docs/RESULTS.md that exists (a "A > B" entry: both headings)."""
+    names = [f.name for f in dataclasses.fields(hardware.Tuning)]
+    assert list(hardware.MEASURED) == names
+    headings = [line.lstrip("#").strip() for line in RESULTS.read_text(encoding="utf-8")
+                .splitlines() if line.startswith("#")]
+    for name, measured in hardware.MEASURED.items():
+        assert measured.decides and measured.measured_on, name
+        for part in measured.results.split(" > "):
+            assert any(heading.startswith(part) for heading in headings), (name, part)
+
+
+def test_the_table_is_detected_once_with_what_depends_on_this_machine():
+    detected = hardware.detect_tuning()
+    assert detected == hardware.TUNING
+    assert detected.float32_library == hardware.float32_library()
+    assert detected.int8_onednn == ("onednn" in torch.backends.quantized.supported_engines)
+    defaults = hardware.Tuning()
+    same = {f.name for f in dataclasses.fields(defaults)} - {"float32_library", "int8_onednn"}
+    assert all(getattr(detected, name) == getattr(defaults, name) for name in same)
+
+
+def test_the_tuning_fixture_swaps_the_table_for_one_test(tuning):
+    before = hardware.TUNING
+    table = tuning(short_softmax_keys=0, decode_max_rows=24)
+    assert hardware.TUNING is table and table == dataclasses.replace(
+        before, short_softmax_keys=0, decode_max_rows=24)
+
+
+def test_threads_are_set_in_one_place_and_restored_after_a_block():
+    threads = torch.get_num_threads()
+    with hardware.threads_set_to(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == threads
+    package = Path(hardware.__file__).parent
+    setting = [str(path.relative_to(package)) for path in package.rglob("*.py")
+               if re.search(r"set_num_threads\(", path.read_text(encoding="utf-8"))]
+    assert setting == ["hardware.py"]
