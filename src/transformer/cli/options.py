@@ -1,6 +1,6 @@
 """Options that several commands share, declared once: the model to load (`--checkpoint`,
 `--engine`, `--quantize`, `--device`, `--threads`), `--max-tokens`, the decoding options
-(the fields of `decoding.DecodingRequest`, spelled as options: `nbest` is `--nbest`,
+(the fields of `request.DecodingRequest`, spelled as options: `nbest` is `--nbest`,
 `target_lang` `--target-lang`; `describe_decoding` says what a request does), and the
 evaluation data of the commands that score a model (`--data`, `--src`, `--ref`, ...); the
 checks several commands make of their options (`check_counts`, `check_outputs`).

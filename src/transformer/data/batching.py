@@ -11,7 +11,7 @@ BOS prepended to the target input).
 - `shard`: every rank gets the same number of batches, each example used once.
 
 Translation packs its length-sorted sentences with `pack` too (`sorted_batches`, for
-`search.search_corpus`, scoring and alignments; `even_rounds` when threads search batches
+`corpus.search_corpus`, scoring and alignments; `even_rounds` when threads search batches
 side by side), and `pad_rows` makes its padded tensors.
 """
 

@@ -9,7 +9,7 @@
 
 `BaseTranslator` is the interface every engine offers (ours here, CTranslate2's in
 `engines.py`), and all that `transformer translate`, the server and the export rely on. Every
-call decodes as one `decoding.DecodingRequest` says, built and checked once (`request`).
+call decodes as one `request.DecodingRequest` says, built and checked once (`request`).
 
 A multilingual model (trained into several target languages, `data_config.DataConfig.lang_tags`)
 reads the target language's tag (`<2fr>`) in front of every source, as in training: each

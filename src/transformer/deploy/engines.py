@@ -8,7 +8,7 @@ loads either engine (ours, `translator.Translator`, or CTranslate2's) by name.
 
 Both are `translator.BaseTranslator`s: the same source encoding, batching
 (`corpus.decode_batches`), n-best lists, blank-line handling, scores and the same
-`decoding.DecodingRequest`, so `transformer translate`'s output and BLEU reports work with
+`request.DecodingRequest`, so `transformer translate`'s output and BLEU reports work with
 either.
 
 How the CTranslate2 engine matches `search.beam_search`:

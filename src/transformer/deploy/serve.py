@@ -7,7 +7,7 @@ Endpoints (errors are `{"error": "...", "field": "..."}` with a 4xx/5xx status):
 - `POST /translate` `{"text": [...], "beam_size": 5, "nbest": 1}` -> `{"translations": [...]}`
   in input order; with `nbest > 1` each translation is a list of `{"text", "score"}`.
   The other fields are `transformer translate`'s options under the same names (one
-  `decoding.DecodingRequest`): `alpha`, `max_len_a`, `max_len_b`; `sampling_topk`,
+  `request.DecodingRequest`): `alpha`, `max_len_a`, `max_len_b`; `sampling_topk`,
   `sampling_topp`, `temperature`, `seed` (sampling instead of beam search); `prefix` (one
   string per sentence that its translation must begin with); `alignment: true`
   (`"alignments": ["0-0 1-2", ...]`, or an `"alignment"` per n-best entry), with
@@ -78,7 +78,7 @@ BeamSize = Annotated[int, Field(le=MAX_BEAM)]  # the server's limit; the rest: D
 
 class TranslateRequest(BaseModel):
     """The body of POST /translate: the sentences, their prefixes, and the decoding options
-    of `transformer translate` under the same names (`decoding.DecodingRequest.from_options`
+    of `transformer translate` under the same names (`request.DecodingRequest.from_options`
     checks them; only their types and the server's own limits are checked here)."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
@@ -90,7 +90,7 @@ class TranslateRequest(BaseModel):
     alpha: float | None = None
     max_len_a: float | None = None
     max_len_b: int | None = None
-    # Sampling (`decoding.Sampling`) instead of beam search when any of these is given.
+    # Sampling (`request.Sampling`) instead of beam search when any of these is given.
     sampling_topk: int | None = None
     sampling_topp: float | None = None
     temperature: float | None = None

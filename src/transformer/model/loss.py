@@ -2,7 +2,7 @@
 
 - `LabelSmoothedLoss`: what training minimizes, label-smoothed cross-entropy summed over the
   real target tokens, with the output projection fused into it
-  (`ops.linear_label_smoothed_cross_entropy`: the logits are never materialized).
+  (`layers.linear_label_smoothed_cross_entropy`: the logits are never materialized).
 - `teacher_forced_loss`: one batch's summed nll and label-smoothed loss from its logits,
   differentiable (head importance takes gradients of it).
 - `evaluate_loss`: per-token loss and nll over many batches, in eval mode without gradients:

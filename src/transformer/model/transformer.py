@@ -320,7 +320,7 @@ class Transformer(nn.Module):
 
     def hidden_states(self, src: Tensor, src_valid_lens: Tensor, tgt_in: Tensor) -> Tensor:
         """The decoder's last states, the output projection's input: (batch, tgt_len, d).
-        Training feeds them to `ops.linear_label_smoothed_cross_entropy` with the projection's
+        Training feeds them to `layers.linear_label_smoothed_cross_entropy` with the projection's
         weight, which never materializes the logits."""
         return self.decoder(tgt_in, self.encode(src, src_valid_lens), src_valid_lens)
 

@@ -40,7 +40,7 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 @dataclass
 class ModelSettings(Hyperparameters):
-    """The `model` group: a preset's name and the architecture (`model.Hyperparameters`,
+    """The `model` group: a preset's name and the architecture (`transformer.Hyperparameters`,
     the one place where each architectural hyperparameter and its default are defined).
     Vocabulary sizes come from the tokenizer and `share_embeddings` from `data.joint_vocab`
     at run time (see `to_model_config`)."""

@@ -1,6 +1,6 @@
 """What each key of the training configuration means, read from the schema itself.
 
-Each field of the dataclasses of `config` (and of `model.Hyperparameters`) is documented by
+Each field of the dataclasses of `config` (and of `transformer.Hyperparameters`) is documented by
 an attribute docstring, the string on the line after it (as pydantic's
 `use_attribute_docstrings` and tyro read them):
 

@@ -6,7 +6,7 @@ Flow (see `load_data`; `transformer prepare-data` runs it alone):
    train split: `data=files`, or Multi30k in `data.root`, downloaded and checksummed if
    missing) and `DataConfig.evaluation_sets` (`data.valid_sets`/`test_sets`, or the valid
    and test splits); a missing file is an error naming its key.
-2. `run_tokenizers`: the tokenizer pair given (a checkpoint's), `data.spm_model`, the run
+2. `tokenizers`: the tokenizer pair given (a checkpoint's), `data.spm_model`, the run
    directory's, or SentencePiece trained on a sample of every training corpus, with the
    run's tags as reserved pieces (`DataConfig.reserved_tags`).
 3. `corpus_store` / `split_store`: each corpus's line counts are compared

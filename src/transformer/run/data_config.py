@@ -184,7 +184,7 @@ class DataConfig:
     published results trained and scored on."""
     vocab_size: int | None = None
     """SentencePiece pieces; null: chosen by the corpus's size
-    (`run_tokenizers.vocab_size_for`)."""
+    (`run/tokenizers.vocab_size_for`)."""
     spm_model_type: str = "unigram"
     """The SentencePiece model type: unigram or bpe."""
     joint_vocab: bool = True

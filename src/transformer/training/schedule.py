@@ -44,7 +44,7 @@ epoch). Where the config leaves `data.max_tokens`, `model.dropout` or `optim.lr`
 presets do), the trainer fills them in (for a time budget, at the speed it measures before
 the first update), logs the choice and why, and keeps it when resumed (`fit_to_budget`). A
 value given in the config is kept. The vocabulary size follows the corpus the same way
-(`run_tokenizers.vocab_size_for`).
+(`run/tokenizers.vocab_size_for`).
 """
 
 from __future__ import annotations
