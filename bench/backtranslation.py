@@ -1,4 +1,9 @@
-"""Back-translation of in-domain German for Multi30k en->de, against Multi30k alone.
+"""Does back-translated in-domain German make a better Multi30k en->de model than Multi30k
+alone?
+
+    python bench/backtranslation.py --root ../shared/data/multi30k \\
+        --mono ../shared/data/multi30k-task2 --out runs/backtranslation --updates 4000 \\
+        --arms reverse baseline bt_tagged [--reuse-clean runs/corpora/clean]
 
 The German descriptions of Multi30k task 2 (145,000 lines written independently of the
 English: in-domain monolingual text, not translations) become synthetic pairs through a
@@ -39,10 +44,6 @@ reverse model's averaged checkpoint, sampled top-k 10 (the command's default) or
 its int8 export (`transformer export --quantization int8`, OUT/reverse/ct2-int8), 2 threads.
 Its sentences/s come from the command's last line on stderr.
 
-    python bench/backtranslation.py --root ../shared/data/multi30k \\
-        --mono ../shared/data/multi30k-task2 --out runs/backtranslation --updates 4000 \\
-        --arms reverse baseline bt_tagged [--reuse-clean runs/corpora/clean]
-
 `--reverse-updates N` trains the reverse model for N updates instead (its settings the
 recipe's for N), so that one reverse model serves en->de arms of a larger budget. At the
 recipe's own budget (`--updates 8020`: 8,192-token batches, dropout 0.3, lr 0.005, a warmup
@@ -63,7 +64,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import time
 from pathlib import Path
 
 import yaml
@@ -74,14 +74,17 @@ from corpora import (
     corpus_entry,
     finished,
     read_gz,
+    read_results,
     recipe,
     run,
+    save_results,
     test_source,
     train,
     translate,
     update_tokens,
     validation_window,
 )
+from timing import timed
 
 import transformer
 from transformer.training.schedule import Budget, budget_settings
@@ -175,9 +178,8 @@ def backtranslate(out: Path, mono: Path, name: str, engine: str, threads: int) -
     if name == "bt_beam":
         command += ["--beam-size", "5"]
     log = out / f"{name}.log"
-    start = time.time()
-    run(command, log)
-    return {"engine": engine, "threads": threads, "wall_s": round(time.time() - start),
+    seconds, _ = timed(lambda: run(command, log))
+    return {"engine": engine, "threads": threads, "wall_s": round(seconds),
             **command_report(log)}
 
 
@@ -292,7 +294,7 @@ def print_table(results: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=HERE.parent.parent / "shared/data/multi30k")
     parser.add_argument("--mono", type=Path,
                         default=HERE.parent.parent / "shared/data/multi30k-task2",
@@ -336,8 +338,7 @@ def main() -> None:
         parser.error(f"--bt-weight must be in (0, 1), got {args.bt_weight}")
     root, mono, out = args.root.resolve(), args.mono.resolve(), args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    results_path = out / "results.json"
-    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    results = read_results(out)
     reverse_updates = args.reverse_updates or args.updates
     for arm in sorted(set(args.arms), key=ARMS.index):  # the reverse model first
         run_dir = out / arm
@@ -358,7 +359,7 @@ def main() -> None:
                                    args.engine, args.threads)
             if report is not None:
                 results.setdefault("backtranslation", {})[name] = report
-                results_path.write_text(json.dumps(results, indent=1))
+                save_results(out, results)
         if arm == "bt_finetune":
             seconds = train_finetune(out, root, updates, args.finetune_share, args.bt_weight,
                                      args.settings, synthetic_name(arm, args.finetune_bt))
@@ -381,7 +382,7 @@ def main() -> None:
                 "updates": updates - finetune_updates(updates, args.finetune_share),
                 "train_s": training_seconds(stage), "weights": corpus_weights(stage)}
         results["gains"] = gains(results)
-        results_path.write_text(json.dumps(results, indent=1))
+        save_results(out, results)
         print(arm, json.dumps(results[arm]["test"]), flush=True)
     print_table(results)
 

@@ -1,4 +1,8 @@
-"""The recipe at a budget: the schedule fitted to the budget against the schedule cut by it.
+"""What does the recipe reach at a budget of target tokens, with its schedule and settings
+fitted to the budget, against the schedule cut by it and other settings?
+
+    python bench/budget.py --root ../shared/data/multi30k --out runs/budget \\
+        --tokens 5500000 --arms recipe wu_settings
 
 Every arm trains the Multi30k recipe (`transformer train`) for the same budget of target
 tokens (`trainer.max_target_tokens`: the same amount of training on every machine), then
@@ -9,7 +13,7 @@ scoring: lowercased, Moses-tokenized, `--tokenize none` against the dataset's to
 
 Arms (`--arms`, one training at a time):
 - `recipe`: the recipe as it is: its batch size, dropout, lr and warmup chosen by the budget
-  (`schedule.BUDGET_SETTINGS`), the cooldown over the last 20% of the budget;
+  (`schedule.budget_settings`), the cooldown over the last 20% of the budget;
 - `wu_settings`: the recipe with Wu et al.'s settings at any budget (batches of 8,192
   tokens, dropout 0.3, lr 0.005, 2,000 warmup updates, then inverse sqrt), the cooldown;
 - `cut`: those settings and the schedule as it was before it knew its budget (no cooldown:
@@ -29,9 +33,6 @@ Arms (`--arms`, one training at a time):
   tok.en and scored as they scored: `--tokenize none` against the tokenized reference (its
   "BLEU" and "paper" columns are the same number; chrF on the same text).
 
-    python bench/budget.py --root ../shared/data/multi30k --out runs/budget \\
-        --tokens 5500000 --arms recipe wu_settings
-
 A finished arm is scored again without training. Results: OUT/results.json and a table;
 `transformer plot-curves OUT/cut OUT/recipe -o curves.png` draws their validation curves.
 """
@@ -39,13 +40,12 @@ A finished arm is scored again without training. Results: OUT/results.json and a
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import subprocess
-import time
 from pathlib import Path
 
 import sacrebleu
+from corpora import average, read_gz, read_results, run, save_results, test_source, translate
+from timing import timed
 
 HERE = Path(__file__).resolve().parent
 WU = ["data.max_tokens=8192", "model.dropout=0.3", "optim.lr=0.005"]  # Wu et al.'s settings
@@ -75,18 +75,6 @@ def budget(tokens: int, validate_every: int) -> list[str]:
             "trainer.validate_after_updates=0", "trainer.validate_after_budget=0.9"]
 
 
-def run(command: list[str], log: Path | None = None) -> None:
-    print("+", " ".join(command), flush=True)
-    with open(log, "a") if log else open("/dev/null", "w") as out:
-        subprocess.run(command, check=True, stdout=out if log else None,
-                       stderr=subprocess.STDOUT if log else None)
-
-
-def read_gz(path: Path) -> list[str]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return f.read().split("\n")[:-1]
-
-
 def stopped(run_dir: Path) -> str | None:
     """The train.log line of a finished run ("stopped (max_target_tokens) ..."), or None."""
     log = run_dir / "train.log"
@@ -95,32 +83,34 @@ def stopped(run_dir: Path) -> str | None:
                 None)
 
 
+def train(arm: str, run_dir: Path, root: Path, limits: list[str], out: Path) -> None:
+    """Train one arm (the budget's `limits`, then the arm's overrides) into `run_dir`, its
+    output in OUT/ARM.log."""
+    seconds, _ = timed(lambda: run(["transformer", "train", f"hydra.run.dir={run_dir}",
+                                    f"data.root={root}", *limits, *ARMS[arm]],
+                                   out / f"{arm}.log"))
+    print(f"{arm}: trained in {seconds:.0f} s", flush=True)
+
+
 def score(run_dir: Path, root: Path, tokenized: bool = False) -> dict:
     """Test BLEU (cased, paper protocol) and chrF of the last-5 average and the last
     checkpoint; a `tokenized` model's on the tokenized files, BLEU with `--tokenize none`."""
     from transformer.cli.reports import paper_protocol
 
-    source = run_dir / "test.en"
     tok_refs = (root / "tok/test_2016_flickr.lc.norm.tok.de").read_text(
         encoding="utf-8").split("\n")[:-1]
     if tokenized:
+        source = run_dir / "test.en"
         source.write_text((root / "tok/test_2016_flickr.lc.norm.tok.en").read_text(
             encoding="utf-8"), encoding="utf-8")
         refs = tok_refs
     else:
-        source.write_text("\n".join(read_gz(root / "test_2016_flickr.en.gz")) + "\n",
-                          encoding="utf-8")
+        source = test_source(root, run_dir)
         refs = read_gz(root / "test_2016_flickr.de.gz")
-    avg = run_dir / "avg5.pt"
-    if not avg.is_file():
-        run(["transformer", "average-checkpoints", str(run_dir / "checkpoints"), "--last", "5",
-             "-o", str(avg)])
     out = {}
-    for name, checkpoint in (("avg5", avg), ("last", run_dir / "checkpoints/checkpoint_last.pt")):
-        hyp = run_dir / f"test.{name}.de"
-        run(["transformer", "translate", "--checkpoint", str(checkpoint), "--input",
-             str(source), "--output", str(hyp), "--beam-size", "5"])
-        hyps = hyp.read_text(encoding="utf-8").split("\n")[:-1]
+    for name, checkpoint in (("avg5", average(run_dir)),
+                             ("last", run_dir / "checkpoints/checkpoint_last.pt")):
+        hyps = translate(checkpoint, source, run_dir / f"test.{name}.de", "--beam-size", "5")
         paper = sacrebleu.corpus_bleu(hyps if tokenized else paper_protocol(hyps, "de"),
                                       [tok_refs], tokenize="none", force=True)
         bleu = sacrebleu.corpus_bleu(hyps, [refs], tokenize="none" if tokenized else "13a",
@@ -132,7 +122,7 @@ def score(run_dir: Path, root: Path, tokenized: bool = False) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=HERE.parent.parent / "shared/data/multi30k")
     parser.add_argument("--out", type=Path, default=Path("runs/budget"))
     parser.add_argument("--tokens", type=int, default=5_500_000,
@@ -143,19 +133,15 @@ def main() -> None:
     args = parser.parse_args()
     root, out = args.root.resolve(), args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    results_path = out / "results.json"
-    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    results = read_results(out)
     for arm in args.arms:
         run_dir = out / arm
         if stopped(run_dir) is None:
-            start = time.time()
-            run(["transformer", "train", f"hydra.run.dir={run_dir}", f"data.root={root}",
-                 *budget(args.tokens, args.validate_every), *ARMS[arm]], out / f"{arm}.log")
-            print(f"{arm}: trained in {time.time() - start:.0f} s", flush=True)
+            train(arm, run_dir, root, budget(args.tokens, args.validate_every), out)
         results[arm] = {"tokens": args.tokens, "overrides": ARMS[arm],
                         "stopped": stopped(run_dir),
                         "test": score(run_dir, root, tokenized=arm in TOKENIZED)}
-        results_path.write_text(json.dumps(results, indent=1))
+        save_results(out, results)
         print(arm, json.dumps(results[arm]["test"]), flush=True)
     print("\narm         checkpoint   BLEU  paper   chrF")
     for arm, result in results.items():

@@ -1,12 +1,15 @@
-"""Experiments with several corpora on Multi30k: noise and cleaning, and one model for three
-language pairs. Every arm trains the recipe (`transformer train`, the Multi30k experiment)
-for the same number of updates of the same size, then translates test_2016_flickr with the
-average of its last 5 checkpoints (beam 5) and scores it with cased sacreBLEU.
+"""What do the cleaning filters remove of a noisy corpus, what does noise cost a model with and
+without them, and can one model translate into three languages?
+
+    python bench/corpora.py --root ../shared/data/multi30k --out runs/corpora \\
+        --updates 2400 --arms noise clean noisy cleaned multilingual
 
 Arms (`--arms`, run one after another, never two trainings at once):
+- `noise`: no training: what each preset of the filters removes of planted noise and of
+  clean pairs (below);
 - `clean`: Multi30k en->de as it is (`data=multi30k`);
-- `noisy`: Multi30k plus 29,000 noise pairs (`bench/noise.py`: copies, French or Czech
-  German sides, joined sentences, duplicates) as one corpus, `filters: none`;
+- `noisy`: Multi30k plus 29,000 noise pairs (below: copies, French or Czech German sides,
+  joined sentences, duplicates) as one corpus, `filters: none`;
 - `cleaned`: the same corpus with `filters: strict`;
 - `shuffled`, `shuffled_cleaned`: Multi30k plus 29,000 misaligned pairs, none / strict;
 - `multilingual`: one model for en->de, en->fr and en->cs (a corpus each, target-language
@@ -14,32 +17,63 @@ Arms (`--arms`, run one after another, never two trainings at once):
   py3langid (share of lines whose most likely language is not the target language, beside
   the same share for the references: py3langid's own error on such short lines).
 
-    python bench/corpora.py --root ../shared/data/multi30k --out runs/corpora \
-        --updates 2400 --arms clean noisy cleaned multilingual
+Every trained arm trains the recipe (`transformer train`, the Multi30k experiment) for the
+same number of updates of the same size (`recipe`), then translates test_2016_flickr with
+the average of its last 5 checkpoints (beam 5) and scores it with cased sacreBLEU. A
+finished arm (its checkpoints/checkpoint_last.pt at the number of updates) is scored again
+without training. Results go to OUT/results.json and are printed as a table.
 
-A finished arm (its checkpoints/checkpoint_last.pt at the number of updates) is scored
-again without training. Results go to OUT/results.json and are printed as a table.
+The noisy corpora (OUT/noise, or `--noise DIR`; made once, by the first arm that needs
+them): the whole Multi30k training set, its 29,000 clean pairs, plus 29,000 noise pairs,
+shuffled together (seed 0), with one label a line (`labels.txt`: "clean" or the noise
+kind). The noise kinds, 5,800 pairs each:
+  copy            the English line on the German side too
+  wrong_lang_fr   the German side replaced by the same pair's French line
+  wrong_lang_cs   ... by its Czech line
+  joined          two pairs' German lines joined on the German side, one's English only
+  duplicate       an exact copy of a clean pair (whichever comes first counts as clean)
+and, in NOISE/shuffled/, the 29,000 clean pairs plus 29,000 misaligned ones (the German
+side of another pair): noise that no simple filter is meant to catch.
+
+The `noise` arm cleans them with each preset (`transformer.data.cleaning.CorpusCleaner`,
+the length ratio on the pieces of a SentencePiece model trained as the package trains one,
+on the clean pairs) and prints, per preset, the share of each noise kind removed, of all
+the noise and of the clean pairs, the cleaning's pairs/s (strict with 1 and `--workers`
+language identification processes), and the check of strict against its target (>= 99% of
+the noise removed, < 0.5% of the clean pairs); then what the presets remove of the
+misaligned pairs. Before that, the sweeps strict's thresholds were chosen from (language
+identification, length ratio), and what each filter alone removes of the clean Multi30k.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
+import os
 import subprocess
-import sys
 import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import sacrebleu
+from timing import load_average, timed
 
+from transformer.data.cleaning import FILTER_PRESETS, CorpusCleaner, Filters, format_cleaning_table
+from transformer.data.tokenizer import Tokenizer
 from transformer.training.schedule import Budget, budget_settings
 
 HERE = Path(__file__).resolve().parent
 LANGS = ("de", "fr", "cs")
-
-
+TRAINED = ("clean", "noisy", "cleaned", "shuffled", "shuffled_cleaned", "multilingual")
+ARMS = ("noise", *TRAINED)
 SETTINGS = ("wu", "budget")
+
+
+# ---- training and scoring an arm --------------------------------------------------------------
 
 
 def recipe(updates: int, settings: str = "wu") -> list[str]:
@@ -117,6 +151,17 @@ def run(command: list[str], log: Path | None = None) -> None:
                        stderr=subprocess.STDOUT if log else None)
 
 
+def read_results(out: Path) -> dict:
+    """What earlier runs of a benchmark recorded in OUT/results.json (empty: none)."""
+    path = out / "results.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def save_results(out: Path, results: dict) -> None:
+    """OUT/results.json, written again whole (after each arm: a stopped run keeps them)."""
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+
+
 def finished(run_dir: Path, updates: int) -> bool:
     """Whether RUN/train.log says the run stopped after `updates` updates (its line is
     written with checkpoints/checkpoint_last.pt at that update)."""
@@ -130,10 +175,9 @@ def train(run_dir: Path, root: Path, updates: int, overrides: list[str],
     it is finished -> the seconds it took, or None when it was finished already."""
     if finished(run_dir, updates):
         return None
-    start = time.time()
-    run(["transformer", "train", f"hydra.run.dir={run_dir}", f"data.root={root}",
-         *recipe(updates, settings), *overrides], log)
-    seconds = time.time() - start
+    seconds, _ = timed(lambda: run(["transformer", "train", f"hydra.run.dir={run_dir}",
+                                    f"data.root={root}", *recipe(updates, settings),
+                                    *overrides], log))
     print(f"{run_dir.name}: trained in {seconds:.0f} s", flush=True)
     return seconds
 
@@ -210,41 +254,293 @@ def off_target(lines: list[str], lang: str, confidence: float = 0.0,
     return round(wrong / max(1, len(lines)), 4)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", type=Path, default=HERE.parent.parent / "shared/data/multi30k")
-    parser.add_argument("--out", type=Path, default=Path("runs/corpora"))
-    parser.add_argument("--noise", type=Path, default=None,
-                        help="the noisy corpus of bench/noise.py --out (made when missing)")
-    parser.add_argument("--updates", type=int, default=2400)
-    parser.add_argument("--arms", nargs="+", default=["clean", "noisy", "cleaned"])
-    add_settings_option(parser, "wu")
-    args = parser.parse_args()
-    root, out = args.root.resolve(), args.out.resolve()
-    noise = (args.noise or out / "noise").resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    if any(a != "clean" and a != "multilingual" for a in args.arms) and not (
-            noise / "shuffled" / "train.de").is_file():
-        run([sys.executable, str(HERE / "noise.py"), "--root", str(root), "--out", str(noise),
-             "--with-shuffled"], out / "noise.log")
-    results_path = out / "results.json"
-    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
-    for arm in args.arms:
-        run_dir = out / arm
-        train(run_dir, root, args.updates, arm_overrides(arm, root, noise), out / f"{arm}.log",
-              args.settings)
-        multilingual = arm == "multilingual"
-        results[arm] = {"updates": args.updates,
-                        "test": score(run_dir, root, LANGS if multilingual else ("de",),
-                                      multilingual),
-                        "cleaning": (run_dir / "cleaning.txt").read_text()}
-        results_path.write_text(json.dumps(results, indent=1))
-        print(arm, json.dumps(results[arm]["test"]), flush=True)
+# ---- the noisy corpora -----------------------------------------------------------------------
+
+NOISE_LANGS = ("en", "de", "fr", "cs")
+NOISE_KINDS = ("copy", "wrong_lang_fr", "wrong_lang_cs", "joined", "duplicate")
+NOISE_SEED = 0
+NOISE_VOCAB = 8000  # the SentencePiece model whose pieces the length ratio counts
+CHUNK_PAIRS = 10_000  # pairs per chunk given to the cleaner, as a store is written
+TARGET_NOISE = 0.99  # strict removes at least this share of the planted noise
+TARGET_CLEAN = 0.005  # and less than this share of the clean pairs
+
+Pairs = list[tuple[str, str, str]]  # (source, target, label)
+
+
+def read_multi30k(root: Path) -> dict[str, list[str]]:
+    """The training set's lines per language (line-aligned)."""
+    lines = {lang: gzip.decompress((root / f"train.{lang}.gz").read_bytes())
+             .decode("utf-8").split("\n")[:-1] for lang in NOISE_LANGS}
+    assert len({len(v) for v in lines.values()}) == 1, "train files of unequal length"
+    return lines
+
+
+def shuffled_together(pairs: Pairs, rng: np.random.Generator
+                      ) -> tuple[list[str], list[str], list[str]]:
+    """(src, tgt, label) triples in a random order, as three lists; among identical pairs the
+    "clean" labels go to the earliest, so a duplicate is the later copy."""
+    order = rng.permutation(len(pairs))
+    src, tgt, labels = (list(column) for column in zip(*(pairs[i] for i in order), strict=True))
+    positions: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, pair in enumerate(zip(src, tgt, strict=True)):
+        positions[pair].append(i)
+    for at in positions.values():
+        if len(at) > 1:
+            group = sorted((labels[i] for i in at), key=lambda label: label != "clean")
+            for i, label in zip(at, group, strict=True):
+                labels[i] = label
+    return src, tgt, labels
+
+
+def planted_noise(lines: dict[str, list[str]], rng: np.random.Generator) -> Pairs:
+    """As many noise pairs as Multi30k has pairs, the `NOISE_KINDS` in equal shares."""
+    en, de = lines["en"], lines["de"]
+    n = len(en)
+    shares = np.diff(np.linspace(0, n, len(NOISE_KINDS) + 1).astype(int))
+    pairs = []
+    for kind, share in zip(NOISE_KINDS, shares, strict=True):
+        picked = rng.choice(n, share, replace=False)
+        others = (picked + rng.integers(1, n, share)) % n  # another pair, never the same
+        for i, j in zip(picked.tolist(), others.tolist(), strict=True):
+            tgt = {"copy": en[i], "wrong_lang_fr": lines["fr"][i],
+                   "wrong_lang_cs": lines["cs"][i], "joined": f"{de[i]} {de[j]}",
+                   "duplicate": de[i]}[kind]
+            pairs.append((en[i], tgt, kind))
+    return pairs
+
+
+def misaligned(lines: dict[str, list[str]], rng: np.random.Generator) -> Pairs:
+    """Each English line with another pair's German line ("shuffled")."""
+    en, de = lines["en"], lines["de"]
+    n = len(en)
+    others = (np.arange(n) + rng.integers(1, n, n)) % n
+    return [(en[i], de[j], "shuffled") for i, j in enumerate(others.tolist())]
+
+
+def mixed_corpus(lines: dict[str, list[str]], noise: Callable[..., Pairs], out_dir: Path
+                 ) -> tuple[list[str], list[str], list[str]]:
+    """OUT_DIR/train.en, train.de, labels.txt (one line each per pair): Multi30k's clean
+    training pairs plus `noise(lines, rng)`, shuffled together (`NOISE_SEED`) -> (src, tgt,
+    labels)."""
+    rng = np.random.default_rng(NOISE_SEED)
+    pairs = [(s, t, "clean") for s, t in zip(lines["en"], lines["de"], strict=True)]
+    src, tgt, labels = shuffled_together(pairs + noise(lines, rng), rng)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, column in (("train.en", src), ("train.de", tgt), ("labels.txt", labels)):
+        (out_dir / name).write_text("".join(f"{line}\n" for line in column), encoding="utf-8")
+    return src, tgt, labels
+
+
+def noise_corpora(root: Path, noise: Path) -> None:
+    """NOISE/ (planted noise) and NOISE/shuffled/ (misaligned pairs), made once."""
+    if not (noise / "shuffled" / "train.de").is_file():
+        lines = read_multi30k(root)
+        mixed_corpus(lines, planted_noise, noise)
+        mixed_corpus(lines, misaligned, noise / "shuffled")
+
+
+# ---- what the filters remove ------------------------------------------------------------------
+
+
+def clean(filters: Filters, src: list[str], tgt: list[str], src_lens: np.ndarray,
+          tgt_lens: np.ndarray, *, workers: int, chunk_pairs: int
+          ) -> tuple[np.ndarray, dict[str, int], float]:
+    """The corpus through a CorpusCleaner in chunks, as a store is built: (keep-mask,
+    counts, seconds of text_mask + length_mask, the worker processes' start included)."""
+    keep = np.zeros(len(src), dtype=bool)
+    start = time.perf_counter()
+    with CorpusCleaner(filters, "en", "de", name="noisy", workers=workers) as cleaner:
+        for a in range(0, len(src), chunk_pairs):
+            b = min(a + chunk_pairs, len(src))
+            kept = a + np.flatnonzero(cleaner.text_mask(src[a:b], tgt[a:b]))
+            keep[kept[cleaner.length_mask(src_lens[kept], tgt_lens[kept])]] = True
+        counts = dict(cleaner.counts)
+    return keep, counts, time.perf_counter() - start
+
+
+def describe(filters: Filters) -> str:
+    on = [name if value is True else f"{name} {value}"
+          for name, value in filters.to_dict().items() if value not in (None, False)]
+    return ", ".join(on) or "nothing"
+
+
+def removal_table(labels: np.ndarray, keep: np.ndarray, kinds: tuple[str, ...]) -> list[str]:
+    """Lines: per noise kind, all noise, clean: pairs, removed, share removed."""
+    rows = [(kind, labels == kind) for kind in kinds]
+    rows += [("all noise", labels != "clean"), ("clean", labels == "clean")]
+    lines = [f"  {'pairs':<14}{'planted':>9}{'removed':>9}{'share':>9}"]
+    for name, rows_of in rows:
+        total, removed = int(rows_of.sum()), int((rows_of & ~keep).sum())
+        lines.append(f"  {name:<14}{total:>9,}{removed:>9,}{removed / max(total, 1):>9.2%}")
+    return lines
+
+
+def report_preset(name: str, src: list[str], tgt: list[str], labels: np.ndarray,
+                  lens: tuple[np.ndarray, np.ndarray], kinds: tuple[str, ...], *,
+                  workers: list[int], chunk_pairs: int) -> tuple[float, float]:
+    """Clean with the preset (once per worker count, the masks compared), print its table;
+    returns (share of the noise removed, share of the clean pairs removed)."""
+    filters = Filters.preset(name)
+    print(f"\n== {name}: {describe(filters)}")
+    keep = None
+    speeds = []
+    for count in workers:
+        mask, counts, seconds = clean(filters, src, tgt, *lens, workers=count,
+                                      chunk_pairs=chunk_pairs)
+        assert keep is None or np.array_equal(mask, keep), "masks differ between worker counts"
+        keep = mask
+        where = (f"with {count} worker{'s' if count > 1 else ''}" if filters.langid is not None
+                 else "in this process")
+        speeds.append(f"{len(src) / seconds:,.0f} pairs/s {where} ({seconds:.2f} s)")
+    print("\n".join(removal_table(labels, keep, kinds)))
+    row = {"read": len(src), **counts, "max_len": 0, "kept": int(keep.sum())}
+    print("  " + format_cleaning_table({"noisy": row}).rstrip("\n").replace("\n", "\n  "))
+    print("  cleaning: " + "; ".join(speeds)
+          + f"; load average {load_average():.1f} on {os.cpu_count()} cores")
+    noise, clean_pairs = labels != "clean", labels == "clean"
+    return ((noise & ~keep).sum() / noise.sum(), (clean_pairs & ~keep).sum() / clean_pairs.sum())
+
+
+def piece_lengths(tokenizer: Tokenizer, lines: list[str]) -> np.ndarray:
+    return np.array([len(ids) for ids in tokenizer.encode_batch(lines)], dtype=np.int64)
+
+
+def ratio_sweep(src_lens: np.ndarray, tgt_lens: np.ndarray, labels: np.ndarray) -> None:
+    """The length ratio alone: share of the joined pairs and of the clean pairs above each
+    threshold."""
+    ratio = np.maximum(src_lens, tgt_lens) / np.maximum(1, np.minimum(src_lens, tgt_lens))
+    print("\nmax_ratio alone (pieces): share removed")
+    print(f"  {'max_ratio':<10}{'joined':>9}{'clean':>9}{'clean pairs':>13}")
+    for threshold in (1.5, 1.75, 2.0, 2.25, 2.5, 3.0):
+        removed = ratio > threshold
+        joined, clean_pairs = removed[labels == "joined"], removed[labels == "clean"]
+        print(f"  {threshold:<10}{joined.mean():>9.2%}{clean_pairs.mean():>9.2%}"
+              f"{int(clean_pairs.sum()):>13,}")
+
+
+def langid_sweep(lines: dict[str, list[str]]) -> None:
+    """py3langid on each language's training lines put on the German side: share judged not
+    German at each threshold (for German itself: the clean lines a threshold would remove)."""
+    from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+    identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    seconds, verdicts = timed(lambda: {lang: [identifier.classify(line) for line in lines[lang]]
+                                       for lang in NOISE_LANGS})
+    per_line = seconds / sum(len(v) for v in verdicts.values())
+    thresholds = (0.3, 0.5, 0.7, 0.9)
+    print("\nlangid on the German side: share of each language's lines judged not German "
+          "(the English and German lines also: not their own language)")
+    print(f"  {'lines':<8}" + "".join(f"{f'>= {t}':>9}" for t in thresholds))
+    for lang in NOISE_LANGS:
+        expected = lang if lang in ("en", "de") else "de"
+        shares = [np.mean([found != expected and p >= t for found, p in verdicts[lang]])
+                  for t in thresholds]
+        print(f"  {lang:<8}" + "".join(f"{share:>9.2%}" for share in shares))
+    print(f"  classification: {per_line * 1e6:.0f} µs a line in this process")
+
+
+def clean_multi30k_alone(lines: dict[str, list[str]], lens: tuple[np.ndarray, np.ndarray],
+                         chunk_pairs: int) -> None:
+    """What each filter alone, and each preset, removes of the clean Multi30k."""
+    en, de = lines["en"], lines["de"]
+    strict = Filters.preset("strict")
+    single = {"empty": Filters(empty=True), "copies": Filters(copies=True),
+              "max_repeat": Filters(max_repeat=strict.max_repeat),
+              "sentences": Filters(sentences=True),
+              "langid": Filters(langid=strict.langid), "duplicates": Filters(duplicates=True),
+              f"max_ratio {Filters.preset('basic').max_ratio}": Filters(
+                  max_ratio=Filters.preset("basic").max_ratio),
+              f"max_ratio {strict.max_ratio}": Filters(max_ratio=strict.max_ratio),
+              "basic": Filters.preset("basic"), "strict": strict}
+    print(f"\nthe clean Multi30k alone ({len(en):,} pairs): removed by each filter alone")
+    for name, filters in single.items():
+        keep, _, _ = clean(filters, en, de, *lens, workers=1, chunk_pairs=chunk_pairs)
+        removed = int((~keep).sum())
+        print(f"  {name:<16}{removed:>7,}{removed / len(en):>9.2%}")
+
+
+def noise_report(root: Path, noise: Path, workers: int) -> None:
+    """The `noise` arm: the noisy corpora (made again, to the same files) cleaned by each
+    preset; the sweeps and each filter alone on the clean Multi30k; strict's check."""
+    lines = read_multi30k(root)
+    src, tgt, labels = mixed_corpus(lines, planted_noise, noise)
+    print(f"noisy corpus: {len(src):,} pairs ({Counter(labels)['clean']:,} clean) in {noise}")
+    seconds, tokenizer = timed(lambda: Tokenizer.train(
+        itertools.chain(lines["en"], lines["de"]), noise / "spm.model", vocab_size=NOISE_VOCAB,
+        model_type="unigram"))
+    print(f"SentencePiece unigram {NOISE_VOCAB} on the clean pairs: {seconds:.1f} s")
+    lens = piece_lengths(tokenizer, src), piece_lengths(tokenizer, tgt)
+    langid_sweep(lines)
+    ratio_sweep(*lens, np.array(labels))
+    clean_multi30k_alone(lines, (piece_lengths(tokenizer, lines["en"]),
+                                 piece_lengths(tokenizer, lines["de"])), CHUNK_PAIRS)
+    results = {name: report_preset(name, src, tgt, np.array(labels), lens, NOISE_KINDS,
+                                   workers=sorted({1, workers}) if name == "strict" else [1],
+                                   chunk_pairs=CHUNK_PAIRS)
+               for name in FILTER_PRESETS}
+    noise_share, clean_share = results["strict"]
+    verdict = "PASS" if noise_share >= TARGET_NOISE and clean_share < TARGET_CLEAN else "FAIL"
+    print(f"\nstrict: {noise_share:.2%} of the noise removed (target >= {TARGET_NOISE:.0%}), "
+          f"{clean_share:.2%} of the clean pairs (target < {TARGET_CLEAN:.1%}): {verdict}")
+    s_src, s_tgt, s_labels = mixed_corpus(lines, misaligned, noise / "shuffled")
+    s_lens = piece_lengths(tokenizer, s_src), piece_lengths(tokenizer, s_tgt)
+    print(f"\nshuffled corpus: {len(s_src):,} pairs in {noise / 'shuffled'}")
+    for name in FILTER_PRESETS[1:]:
+        report_preset(name, s_src, s_tgt, np.array(s_labels), s_lens, ("shuffled",),
+                      workers=[workers], chunk_pairs=CHUNK_PAIRS)
+
+
+# ---- the arms ---------------------------------------------------------------------------------
+
+
+def train_arm(arm: str, args: argparse.Namespace, root: Path, out: Path, noise: Path) -> dict:
+    """One trained arm, trained unless finished, and scored -> its results."""
+    if arm not in ("clean", "multilingual"):
+        noise_corpora(root, noise)
+    run_dir = out / arm
+    train(run_dir, root, args.updates, arm_overrides(arm, root, noise), out / f"{arm}.log",
+          args.settings)
+    multilingual = arm == "multilingual"
+    return {"updates": args.updates,
+            "test": score(run_dir, root, LANGS if multilingual else ("de",), multilingual),
+            "cleaning": (run_dir / "cleaning.txt").read_text()}
+
+
+def print_table(results: dict) -> None:
     print("\narm                lang   BLEU   chrF  off-target  (references)")
     for arm, result in results.items():
         for lang, r in result["test"].items():
             print(f"{arm:<18} {lang:<5} {r['bleu']:>5.2f} {r['chrf']:>6.2f} "
                   f"{r['off_target']:>10.2%}  ({r.get('off_target_reference', 0):.2%})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, default=HERE.parent.parent / "shared/data/multi30k")
+    parser.add_argument("--out", type=Path, default=Path("runs/corpora"))
+    parser.add_argument("--noise", type=Path, default=None,
+                        help="the noisy corpora's folder (default OUT/noise; made when missing)")
+    parser.add_argument("--updates", type=int, default=2400)
+    parser.add_argument("--arms", nargs="+", default=["clean", "noisy", "cleaned"], choices=ARMS,
+                        metavar="ARM", help=f"run in this order: {', '.join(ARMS)}")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="the noise arm's language identification processes (also timed "
+                             "with 1)")
+    add_settings_option(parser, "wu")
+    args = parser.parse_args()
+    root, out = args.root.resolve(), args.out.resolve()
+    noise = (args.noise or out / "noise").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    results = read_results(out)
+    for arm in args.arms:
+        if arm == "noise":
+            noise_report(root, noise, args.workers)
+            continue
+        results[arm] = train_arm(arm, args, root, out, noise)
+        save_results(out, results)
+        print(arm, json.dumps(results[arm]["test"]), flush=True)
+    if any(arm in TRAINED for arm in args.arms):
+        print_table(results)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Check the CUDA path on a GPU machine: every line compares the GPU against a reference.
+"""Does the CUDA path compute what the CPU path does, and how fast does it train? Every line
+compares the GPU against a reference (bench/cuda_check.sh runs it with a training run).
 
     python bench/cuda_check.py [--checkpoint runs/x/chosen.pt --src test.en --hyp cpu.hyp]
 
@@ -6,7 +7,7 @@
    path on CUDA, with padding (`valid_lens`) and causal masks, in float32 and under bf16
    autocast; and it runs with the math fallback disabled, i.e. in a fused CUDA kernel.
 2. model: CUDA logits equal CPU logits (same weights, float32); bf16 autocast stays close.
-3. loss: `ops.linear_label_smoothed_cross_entropy` on CUDA equals nn.CrossEntropyLoss over
+3. loss: `layers.linear_label_smoothed_cross_entropy` on CUDA equals nn.CrossEntropyLoss over
    the projected logits (value and gradients), float32 and bf16 autocast.
 4. decoding: cached equals uncached decoding on CUDA.
 5. training step speed on CUDA, float32 vs bf16 autocast (tokens/s, same run).
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from timing import timed
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -178,16 +180,14 @@ def check_translation(device: torch.device, checkpoint: Path, src: Path, hyp: Pa
     lines = src.read_text(encoding="utf-8").splitlines()
     reference = hyp.read_text(encoding="utf-8").splitlines()
     translator = Translator.load(checkpoint, device=device)
-    start = time.perf_counter()
-    out = translator.translate(lines, beam_size=5, alpha=alpha)
-    seconds = time.perf_counter() - start
+    seconds, out = timed(lambda: translator.translate(lines, beam_size=5, alpha=alpha))
     same = sum(a == b for a, b in zip(out, reference, strict=True))
     check(f"beam 5 on {device.type} reproduces the CPU hypotheses", same >= 0.99 * len(lines),
           f"{same}/{len(lines)} identical; {len(lines) / seconds:.0f} sentences/s")
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--checkpoint", type=Path)
     p.add_argument("--src", type=Path, help="source lines to translate with --checkpoint")

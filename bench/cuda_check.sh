@@ -1,6 +1,7 @@
 #!/bin/bash
-# The CUDA path on a GPU machine, one script: bench/cuda_check.py's comparisons, then a short
-# bf16 training run of the recipe and beam-5 translation of the test set on the GPU.
+# Does the CUDA path work on a GPU machine, end to end? One script: bench/cuda_check.py's
+# comparisons, then a short bf16 training run of the recipe and beam-5 translation of the
+# test set on the GPU.
 #
 #   bash bench/cuda_check.sh DATA_DIR [CHECKPOINT CPU_HYP ALPHA]
 #

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Every decoding mode of `transformer translate`, in both engines, written to one folder: run
-# it with two versions of the package and `diff -r` the folders to show that a change leaves
-# every output byte-identical.
+# Does a change leave every output byte-identical? Every decoding mode of `transformer
+# translate`, in both engines, written to one folder: run it with two versions of the package
+# and `diff -r` the folders.
 #
 #   bash bench/decode_outputs.sh CHECKPOINT EXPORT_DIR SOURCE REFERENCE OUT_DIR
 #

@@ -1,4 +1,9 @@
-"""Sequence-level knowledge distillation on Multi30k en->de, against the references.
+"""Does a small student learn Multi30k en->de better from a teacher's translations
+(sequence-level knowledge distillation) than from the references?
+
+    python bench/distill.py --root ../shared/data/multi30k --out runs/distill \\
+        --updates 4000 [--teacher runs/backtranslation/baseline/avg5.pt] \\
+        --arms teacher student_ref student_kd
 
 A student of at most a quarter of the teacher's parameters trains on the teacher's
 translations of the training sources; the same student trains on the references beside it.
@@ -30,10 +35,6 @@ sentences in this process, `--threads` 2, beam 5 and greedy, the best of 3 after
 (BLEU of those outputs too); skipped with a note when the ctranslate2 module does not
 import.
 
-    python bench/distill.py --root ../shared/data/multi30k --out runs/distill \\
-        --updates 4000 [--teacher runs/backtranslation/baseline/avg5.pt] \\
-        --arms teacher student_ref student_kd
-
 A finished arm (train.log's last line: stopped after `--updates` updates, with
 checkpoints/checkpoint_last.pt) is scored again without training; a finished distillation
 (OUT/distilled.de present) is not redone. Results go to OUT/results.json (parameters, test
@@ -45,7 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import time
 from pathlib import Path
 
 from backtranslation import command_report, export_int8, has_ctranslate2, times
@@ -56,12 +56,15 @@ from corpora import (
     corpus_entry,
     finished,
     read_gz,
+    read_results,
     recipe,
     run,
+    save_results,
     test_source,
     train,
     translate,
 )
+from timing import timed, timed_passes
 
 HERE = Path(__file__).resolve().parent
 ARMS = ("teacher", "student_ref", "student_kd")
@@ -116,13 +119,13 @@ def distill(out: Path, root: Path, teacher: Path, threads: int) -> dict | None:
     if output.is_file():
         return None
     log = out / "distill.log"
-    start = time.time()
-    run(["transformer", "distill", "--checkpoint", str(teacher), "--source",
+    seconds, _ = timed(lambda: run(
+        ["transformer", "distill", "--checkpoint", str(teacher), "--source",
          str(root / "train.en.gz"), "--reference", str(root / "train.de.gz"), "--output",
-         str(output), "--nbest", str(NBEST), "--threads", str(threads)], log)
+         str(output), "--nbest", str(NBEST), "--threads", str(threads)], log))
     report = command_report(log)
     chrf = re.search(r"chosen ([\d.]+), the teacher's 1-best ([\d.]+)", report["report"])
-    return {"teacher": str(teacher), "wall_s": round(time.time() - start), **report,
+    return {"teacher": str(teacher), "wall_s": round(seconds), **report,
             "chrf_chosen": float(chrf[1]), "chrf_teacher_1best": float(chrf[2])}
 
 
@@ -147,11 +150,8 @@ def speed(checkpoint: Path, folder: Path, root: Path, threads: int) -> dict:
     translator.translate(sources[:8])
     out = {}
     for name, beam in BEAMS.items():
-        seconds = []
-        for _ in range(REPEATS):
-            start = time.perf_counter()
-            hyps = translator.translate(sources, beam_size=beam)
-            seconds.append(time.perf_counter() - start)
+        seconds, hyps = timed_passes(
+            lambda beam=beam: translator.translate(sources, beam_size=beam), REPEATS)
         out[name] = {"sentences_per_s": round(len(sources) / min(seconds), 1),
                      **bleu_chrf(hyps, refs)}
     return out
@@ -209,7 +209,7 @@ def print_table(results: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=HERE.parent.parent / "shared/data/multi30k")
     parser.add_argument("--out", type=Path, default=Path("runs/distill"))
     parser.add_argument("--updates", type=int, default=4000)
@@ -224,8 +224,7 @@ def main() -> None:
     args = parser.parse_args()
     root, out = args.root.resolve(), args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    results_path = out / "results.json"
-    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    results = read_results(out)
     fast = has_ctranslate2()
     if not fast:
         print("note: ctranslate2 does not import: no int8 speeds (pip install "
@@ -249,7 +248,7 @@ def main() -> None:
                     out, root, teacher, args.threads)
                 if report is not None:
                     results["distillation"] = report
-                    results_path.write_text(json.dumps(results, indent=1))
+                    save_results(out, results)
                 entry = corpus_entry("distilled", root / "train.en.gz", out / "distilled.de",
                                      filters="none")
                 overrides = [*overrides, f"data.corpora=[{entry}]"]
@@ -263,7 +262,7 @@ def main() -> None:
             "test": score(checkpoint, folder, root),
             "speed": speed(checkpoint, folder, root, args.threads) if fast else None}
         results["summary"] = summary(results)
-        results_path.write_text(json.dumps(results, indent=1))
+        save_results(out, results)
         print(arm, json.dumps(results[arm]["test"]), flush=True)
     print_table(results)
 

@@ -1,5 +1,13 @@
-"""Benchmark: our PyTorch engine (float32, and int8: `quantize="int8"`) vs CTranslate2 float32
-and int8 exports of the same model, each also with a vocabulary map (counted in Multi30k's
+"""How fast does our engine translate, in float32 and int8, against CTranslate2's exports of
+the same model, and with the same output?
+
+    python bench/engines.py [--checkpoint RUN_OR_PT] [--data-root DIR] [--threads 1 2]
+                            [--sentences 1000] [--join 1] [--repeats 3] [--rounds 2]
+                            [--profile] [--baseline-src DIR] [--rows "torch" "ct2 float32" ...]
+                            [--ct2-once] [--isa AVX2|AVX512]
+
+Our PyTorch engine (float32, and int8: `quantize="int8"`) against CTranslate2 float32 and
+int8 exports of the same model, each also with a vocabulary map (counted in Multi30k's
 training pairs), on Multi30k test_2016_flickr (en -> de), beam 5, CPU, in one run; and the
 decoding modes (sampling, alignments) of both engines.
 
@@ -12,25 +20,20 @@ first timed pass ("1st": what a one-off `transformer translate` of the set sees,
 new matrix shapes still being made), peak RSS of that process,
 model size on disk (our checkpoint file; CTranslate2's model.bin) and cased sacreBLEU. Ratios
 are against our engine's beam search at the same thread count, measured in this run. The
-exports are made here from --checkpoint with scripts/export.py's code. Both engines decode
+exports are made here from --checkpoint with `transformer export`'s code. Both engines decode
 with the same settings (beam 5, the checkpoint's alpha, max length 1.5 * source + 10, batches
 of --max-tokens source tokens, by default the package's own: a baseline row decodes with its
-package's); see transformer/engines.py for how the searches are matched (a CTranslate2 row's
-time includes its second search of sentences that ran past their own length limit; with
-`--ct2-once` it searches each batch once, as CTranslate2 by itself does).
+package's); see transformer/deploy/engines.py for how the searches are matched (a CTranslate2
+row's time includes its second search of sentences that ran past their own length limit;
+with `--ct2-once` it searches each batch once, as CTranslate2 by itself does).
 
 Rows: each engine's beam search ("torch int8": ours with its linear layers in PyTorch's
 dynamic int8, `Translator.load(..., quantize="int8")`, compared with "ct2 int8"); "sampling"
 (top-k 10, seed 1: back-translation's setting) and "+ alignment" (beam search, each output
 also word-aligned) for ours and CTranslate2 float32; with `--baseline-src DIR`, "torch
 baseline": our engine as the package in DIR/src decodes (e.g. a `git worktree` of an
-earlier commit), for speed-ups measured in the same run.
-`--rows` picks rows by name.
-
-    python bench/engines.py [--checkpoint RUN_OR_PT] [--data-root DIR] [--threads 1 2]
-                            [--sentences 1000] [--join 1] [--repeats 3] [--rounds 2]
-                            [--profile] [--baseline-src DIR] [--rows "torch" "ct2 float32" ...]
-                            [--ct2-once] [--isa AVX2|AVX512]
+earlier commit, of either layout of the package: `timing.package_name`), for speed-ups
+measured in the same run. `--rows` picks rows by name.
 
 `--join 4` translates every 4 consecutive test lines as one input (long inputs; the
 references joined alike). Below the table, at every thread count: ours float32 against
@@ -41,7 +44,7 @@ whose spread shows how far the machine's drift moves the ratio.
 
 Above the table: the CPU's name and what PyTorch's kernels use on it (its CPU capability,
 e.g. AVX512, and whether it computes bf16 natively, AVX512-BF16). `--isa AVX2` (or AVX512,
-without VNNI) holds every library to that instruction set (`ISA_LIMITS`), as a CPU with
+without VNNI) holds every library to that instruction set (`timing.ISA_LIMITS`), as a CPU with
 only it would run: this machine's clock and caches, another CPU's kernels.
 `--profile` also prints where our engine's time goes (torch.profiler, operators by self CPU
 time, at the smallest thread count: the least disturbed by other processes), how many
@@ -55,27 +58,36 @@ import argparse
 import json
 import math
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import sacrebleu
 import torch
-from memory import reset_peak_rss, status_mib  # bench/memory.py
+from timing import (
+    add_isa_argument,
+    cpu_description,
+    hold_to_isa,
+    load_average,
+    operator_table,
+    package_name,
+    peak_rss_mib,
+    profiled,
+    ratio_summary,
+    reset_peak_rss,
+    timed_passes,
+)
 
-from transformer.data.multi30k import DEFAULT_ROOT, download_multi30k
-from transformer.data.text import read_lines
-from transformer.decoding.corpus import DEFAULT_MAX_TOKENS
-from transformer.decoding.translator import Translator
-from transformer.decoding.vocab_map import DEFAULT_PER_SOURCE, build_vocab_map
-from transformer.deploy.engines import load_translator
-from transformer.deploy.export import VOCAB_MAP, export_ctranslate2
-from transformer.model.transformer import Transformer
-from transformer.runtime import cpu_has_native_bf16
+# What a baseline row's process reads too, with another checkout's package, perhaps of its
+# earlier layout (`timing.package_name`); what only this process reads is imported where it
+# is used.
+DEFAULT_ROOT = package_name("data.multi30k", "DEFAULT_ROOT")
+download_multi30k = package_name("data.multi30k", "download_multi30k")
+read_lines = package_name("data.text", "read_lines")
+DEFAULT_MAX_TOKENS = package_name("decoding.corpus", "DEFAULT_MAX_TOKENS")
+Translator = package_name("decoding.translator", "Translator")
+load_translator = package_name("deploy.engines", "load_translator")
 
 # a trained model beside the repository (../runs/ref: the recipe run for 10 minutes)
 DEFAULT_CHECKPOINT = str(Path(__file__).resolve().parents[2]
@@ -92,21 +104,6 @@ MODES = ("", " sampling", " + alignment")
 ROWS = {name: (name, "") for name in ENGINES}
 ROWS |= {f"{name}{mode}": (name, mode) for name in ("torch", "ct2 float32")
          for mode in MODES if mode}
-
-
-def mode_options(mode: str) -> dict:
-    """`translate` options of a mode: beam 5, or sampling (imported here: a baseline package
-    may lack them, or keep them in other modules)."""
-    try:
-        from transformer.decoding.request import AlignmentOptions, Sampling
-    except ImportError:
-        from transformer.decoding.alignment import AlignmentOptions
-        from transformer.decoding.search import Sampling
-    if mode == " sampling":
-        return {"sampling": Sampling(topk=10, seed=1)}
-    if mode == " + alignment":
-        return {"beam_size": 5, "alignment": AlignmentOptions()}
-    return {"beam_size": 5}
 INT8 = ("ct2 int8", MAPPED)
 FLOAT32 = ("ct2 float32", "ct2 float32 + vmap")
 # our row -> the CTranslate2 row it is held to: ours at least MIN_RATIO x its sentences/s at
@@ -117,65 +114,20 @@ INT8_MAX_BLEU_DROP, INT8_MAX_SIZE = 0.5, 0.30
 FLOAT32_MAX_BLEU_DIFF = 0.2
 
 
-# `--isa`: the environment variables that hold each library's kernels (PyTorch's own,
-# oneDNN's, MKL's, FBGEMM's, CTranslate2's) to an instruction set, so that a machine with more
-# runs the kernels a CPU with less would, with its own clock and caches. "AVX512": AVX-512
-# without VNNI (a Skylake-class Xeon's int8 kernels).
-ISA_LIMITS = {
-    "AVX2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-             "MKL_ENABLE_INSTRUCTIONS": "AVX2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
-             "CT2_FORCE_CPU_ISA": "AVX2"},
-    "AVX512": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
-               "MKL_ENABLE_INSTRUCTIONS": "AVX512", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX512",
-               "CT2_FORCE_CPU_ISA": "AVX512"},
-}
-ISA_VARIABLES = tuple(ISA_LIMITS["AVX2"])  # every instruction set sets the same ones
+def engine_of(row: str) -> str:
+    """The engine (a name of `ENGINES`) a row runs; the baseline row: ours."""
+    return ROWS.get(row, ("torch", ""))[0]
 
 
-def add_isa_argument(parser: argparse.ArgumentParser) -> None:
-    """`--isa AVX2|AVX512`: run on the kernels of a CPU with only that instruction set."""
-    parser.add_argument("--isa", choices=list(ISA_LIMITS),
-                        help="hold every library's kernels to this instruction set (AVX512: "
-                             "without VNNI), as a CPU with only it would run them")
-
-
-def hold_to_isa(isa: str | None) -> None:
-    """Start this script over with `ISA_LIMITS[isa]` in its environment (the libraries read
-    them when they load, which has happened by now); nothing when `isa` is None or the
-    environment holds them already."""
-    if isa is None:
-        return
-    limits = ISA_LIMITS[isa]
-    if any(os.environ.get(key) != value for key, value in limits.items()):
-        sys.stdout.flush()
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **limits})
-
-
-# /proc/cpuinfo's flags that choose PyTorch's, oneDNN's, FBGEMM's and CTranslate2's kernels
-KERNEL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
-
-
-def cpu_description() -> str:
-    """The CPU's name (/proc/cpuinfo's "model name", else `platform.processor()`), its
-    family, model and the instruction sets of `KERNEL_FLAGS` it has, and what PyTorch's CPU
-    kernels use on it: its capability (e.g. AVX512) and native bf16
-    (`runtime.cpu_has_native_bf16`, the probe `precision: auto` decides by), and the
-    libraries our engine multiplies with there (`ops.FLOAT32_LIBRARY`, `ops.INT8_ONEDNN`)."""
-    # imported here: a baseline row's process imports this file with an older package
-    from transformer.model.layers import FLOAT32_LIBRARY, INT8_ONEDNN, cpu_has_amx, cpu_info
-
-    name = cpu_info("model name") or platform.processor() or "unknown CPU"
-    if cpu_info("cpu family") is not None:  # a VM's generic name ("AMD EPYC") says little
-        flags = set((cpu_info("flags") or "").split())
-        isa = " ".join(flag for flag in KERNEL_FLAGS if flag in flags) or "no AVX2"
-        name += f" (family {cpu_info('cpu family')}, model {cpu_info('model')}; {isa})"
-    limits = [f"{key}={os.environ[key]}" for key in ISA_VARIABLES if key in os.environ]
-    int8 = "FBGEMM" if not INT8_ONEDNN else "oneDNN (AMX)" if cpu_has_amx() else "oneDNN"
-    return (f"CPU: {name}; torch CPU capability {torch.backends.cpu.get_cpu_capability()}, "
-            f"native bf16 (AVX512-BF16 or AMX) {cpu_has_native_bf16()}; our float32 products "
-            f"through {'oneDNN' if FLOAT32_LIBRARY == 'onednn' else 'BLAS'}, int8 wide layers "
-            f"through {int8}"
-            + (f"; instruction sets limited by {' '.join(limits)}" if limits else ""))
+def mode_options(mode: str) -> dict:
+    """`translate` options of a mode: beam 5, or sampling, or beam 5 with alignments (their
+    options read only where asked: a baseline row, beam 5, may predate them)."""
+    if mode == " sampling":
+        return {"sampling": package_name("decoding.request", "Sampling")(topk=10, seed=1)}
+    if mode == " + alignment":
+        return {"beam_size": 5,
+                "alignment": package_name("decoding.request", "AlignmentOptions")()}
+    return {"beam_size": 5}
 
 
 def test_lines(root: str, lang: str) -> list[str]:
@@ -225,18 +177,14 @@ def child(args: argparse.Namespace) -> None:
     options = {"max_tokens": max_tokens(args), **mode_options(mode)}
     translator.translate(lines[:8], **options)  # warm-up
     reset_peak_rss()
-    seconds = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        hyps = translator.translate(lines, **options)
-        seconds.append(time.perf_counter() - start)
+    seconds, hyps = timed_passes(lambda: translator.translate(lines, **options), args.repeats)
     tokens = sum(len(ids) + 1 for ids in translator.tokenizers.tgt.encode_batch(hyps))
     print(json.dumps({"seconds": min(seconds), "first_seconds": seconds[0],
-                      "tokens": tokens, "hyps": hyps,
-                      "peak_rss_mib": status_mib("VmHWM")}))
+                      "tokens": tokens, "hyps": hyps, "peak_rss_mib": peak_rss_mib()}))
 
 
 def run(name: str, model: str, threads: int, args: argparse.Namespace) -> dict:
+    """One row at one thread count in a fresh process (`child`) -> its report."""
     cmd = [sys.executable, __file__, "--child", name, "--model", model, "--threads",
            str(threads), "--data-root", args.data_root, "--sentences", str(args.sentences),
            "--join", str(args.join), "--repeats", str(args.repeats),
@@ -255,10 +203,10 @@ def print_comparisons(results: dict[tuple[int, str], dict], speed: dict[tuple[in
                       threads: list[int]) -> None:
     """Ours against CTranslate2 (`COMPARED`) at every thread count: the ratio of sentences/s
     and how many inputs get the same output, each with PASS/FAIL against its target; and
-    the ratio within each round, smallest first (`seconds`: each round's best run per row):
-    its two processes ran one after the other, where the best runs of all may come from
-    different rounds; on a machine whose speed drifts, the rounds' spread says how far the
-    ratio can be trusted."""
+    the ratio within each round (`seconds`: each round's best run per row): its two
+    processes ran one after the other, where the best runs of all may come from different
+    rounds; on a machine whose speed drifts, the rounds' spread says how far the ratio can
+    be trusted."""
     for ours, theirs in COMPARED.items():
         if ours not in rows or theirs not in rows:
             continue
@@ -266,63 +214,39 @@ def print_comparisons(results: dict[tuple[int, str], dict], speed: dict[tuple[in
             ratio = speed[n, ours] / speed[n, theirs]
             mine, other = results[n, ours]["hyps"], results[n, theirs]["hyps"]
             same = sum(a == b for a, b in zip(mine, other, strict=True)) / len(mine)
-            rounds = sorted(t / o for o, t in zip(seconds[n, ours], seconds[n, theirs],
-                                                  strict=True))
             print(f"{'PASS' if ratio >= MIN_RATIO else 'FAIL'}  {ours} >= {MIN_RATIO:g}x "
                   f"{theirs} at {n} thread(s): {ratio:.2f}x; the same output on {same:.1%} "
                   "of the inputs" + (f" ({'PASS' if same >= MIN_IDENTICAL else 'FAIL'}: "
                                      f">= {MIN_IDENTICAL:.0%})" if ours == "torch" else "")
-                  + f"; per round {' '.join(f'{r:.2f}x' for r in rounds)}"
-                  f" (median {statistics.median(rounds):.2f}x)")
-
-
-def load_average() -> float:
-    """The 1-minute load average: other processes' demand for the cores."""
-    with open("/proc/loadavg") as f:
-        return float(f.read().split()[0])
+                  + f"; per round {ratio_summary(seconds[n, ours], seconds[n, theirs])}")
 
 
 def profile(checkpoint: str, lines: list[str], threads: int, max_tokens: int) -> None:
     """Where our engine's beam search spends its time, by operator; how many decoding steps
     it ran over how many rows; and the fixed cost of a step (one input decoded alone, whose
     few rows make the step's work negligible beside its Python and per-operator costs)."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
     torch.set_num_threads(threads)
     translator = Translator.load(checkpoint, device="cpu")
     translator.translate(lines[:8], beam_size=5)
-    with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        start = time.perf_counter()
-        translator.translate(lines, beam_size=5, max_tokens=max_tokens)
-        wall = time.perf_counter() - start
-    events = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in events)
+    wall, prof = profiled(lambda: translator.translate(lines, beam_size=5, max_tokens=max_tokens),
+                          record_shapes=True)
     print(f"\nour engine, {len(lines)} sentences, beam 5, {threads} thread(s): {wall:.1f}s wall "
           f"(profiled); operators by self CPU time:")
-    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:15]:
-        print(f"  {e.key:<32}{e.self_cpu_time_total / 1e6:>8.2f}s"
-              f"{100 * e.self_cpu_time_total / total:>7.1f}%{e.count:>9} calls")
-    print(f"  (operator self time {total / 1e6:.2f}s; the rest of the wall time is Python)")
+    print("\n".join(operator_table(prof, 15, width=32)))
     steps = decoding_steps(prof, translator.model)
     print(f"decoding steps: {len(steps)}, {sum(steps):,} rows in all (sentences x beam), "
           f"{sum(steps) / max(len(steps), 1):.0f} rows per step on average")
-    alone = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        translator.translate(lines[:1], beam_size=5)
-        alone = min(alone, time.perf_counter() - start)
-    with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        translator.translate(lines[:1], beam_size=5)
+    alone = min(timed_passes(lambda: translator.translate(lines[:1], beam_size=5), 5)[0])
+    _, prof = profiled(lambda: translator.translate(lines[:1], beam_size=5), record_shapes=True)
     alone_steps = decoding_steps(prof, translator.model)
     print(f"one input alone: {1000 * alone / max(len(alone_steps), 1):.2f} ms per step "
           f"({len(alone_steps)} steps of {max(alone_steps, default=0)} rows or fewer)")
 
 
-def decoding_steps(prof: torch.profiler.profile, model: Transformer) -> list[int]:
+def decoding_steps(prof: torch.profiler.profile, model: torch.nn.Module) -> list[int]:
     """The rows of each decoding step a profile saw: one call of the output projection
     (its input's rows against the (vocabulary, d) weight; through oneDNN, or `F.linear`
-    where `ops.linear` does not take oneDNN) per step, for a float32 model."""
+    where `layers.linear` does not take oneDNN) per step, for a float32 model."""
     weight = list(model.output_projection.weight.shape)
     rows = []
     for event in prof.events():
@@ -333,8 +257,8 @@ def decoding_steps(prof: torch.profiler.profile, model: Transformer) -> list[int
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_input_arguments(parser)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3,
@@ -354,7 +278,94 @@ def main() -> None:
                              "their own length limit")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser, parser.parse_args()
+
+
+def export_rows(checkpoint: str, translator: Translator, rows: list[str], root: Path,
+                folder: Path) -> tuple[dict[str, str], str]:
+    """The model of every engine the rows run (`checkpoint`, or a CTranslate2 export of
+    `translator` made into `folder`, the mapped ones with a vocabulary map counted in
+    Multi30k's training pairs) -> ({engine: path}, a line on the vocabulary map)."""
+    from transformer.decoding.vocab_map import DEFAULT_PER_SOURCE, build_vocab_map
+    from transformer.deploy.export import VOCAB_MAP, export_ctranslate2
+
+    engines = {engine_of(row) for row in rows}
+    models = {"torch": checkpoint, QUANTIZED: checkpoint}
+    vocab_map = build_vocab_map(translator.tokenizers, root / "train.en.gz", root / "train.de.gz")
+    for name, export in ENGINES.items():
+        if export and name in engines:
+            quantization, mapped = export
+            models[name] = str(folder / f"{quantization}{'-vmap' * mapped}")
+            export_ctranslate2(translator, models[name], quantization=quantization,
+                               vocab_map=vocab_map if mapped else None)
+    size = (Path(models[MAPPED]) / VOCAB_MAP).stat().st_size if MAPPED in models else 0
+    return models, (f"the vocabulary map ({VOCAB_MAP}, {size / 2**20:.2f} MiB beside "
+                    f"model.bin): {len(vocab_map.candidates):,} source pieces, <= "
+                    f"{DEFAULT_PER_SOURCE} candidates each + {len(vocab_map.always)} always, "
+                    f"from {vocab_map.pairs:,} training pairs")
+
+
+def run_rounds(rows: list[str], models: dict[str, str], args: argparse.Namespace
+               ) -> tuple[dict[tuple[int, str], dict], dict[tuple[int, str], list[float]]]:
+    """Every row at every thread count, --rounds times over, row after row -> each row's
+    fastest run, and every round's best seconds in order."""
+    results: dict[tuple[int, str], dict] = {}
+    seconds: dict[tuple[int, str], list[float]] = {}
+    for _ in range(args.rounds):
+        for threads in args.threads:
+            for row in rows:
+                r = run(row, models[engine_of(row)], threads, args)
+                seconds.setdefault((threads, row), []).append(r["seconds"])
+                best = results.get((threads, row))
+                if best is None or r["seconds"] < best["seconds"]:
+                    results[threads, row] = r
+    return results, seconds
+
+
+def model_size(models: dict[str, str], row: str) -> int:
+    """Bytes on disk of a row's model: our checkpoint file, or CTranslate2's model.bin."""
+    name = engine_of(row)
+    path = Path(models[name])
+    return (path if ENGINES[name] is None else path / "model.bin").stat().st_size
+
+
+def print_table(results: dict, bleu: dict, sizes: dict[str, int], count: int) -> dict:
+    """The table of every row at every thread count -> sentences/s by (threads, row)."""
+    print(f"{'row':<24}{'threads':>8}{'sent/s':>9}{'1st':>8}{'tok/s':>9}{'vs ours':>9}"
+          f"{'peak RSS MiB':>14}{'size MiB':>10}{'BLEU':>7}")
+    speed = {key: count / r["seconds"] for key, r in results.items()}
+    for (threads, name), r in results.items():
+        print(f"{name:<24}{threads:>8}{speed[threads, name]:>9.1f}"
+              f"{count / r['first_seconds']:>8.1f}{r['tokens'] / r['seconds']:>9.0f}"
+              f"{speed[threads, name] / speed[threads, 'torch']:>9.2f}"
+              f"{r['peak_rss_mib']:>14.0f}{sizes[name] / 2**20:>10.1f}{bleu[threads, name]:>7.2f}")
+    return speed
+
+
+def print_quality_checks(bleu: dict, sizes: dict[str, int], rows: list[str], top: int) -> None:
+    """BLEU against ours at the most threads (CTranslate2 float32 within
+    `FLOAT32_MAX_BLEU_DIFF`, int8 within `INT8_MAX_BLEU_DROP`) and int8's size on disk."""
+    for name in (n for n in FLOAT32 if n in rows):
+        delta = bleu[top, name] - bleu[top, "torch"]
+        print(f"{'PASS' if abs(delta) <= FLOAT32_MAX_BLEU_DIFF else 'FAIL'}  {name} BLEU "
+              f"within {FLOAT32_MAX_BLEU_DIFF} of ours: {delta:+.2f}")
+    for name in (n for n in (QUANTIZED, *INT8) if n in rows):
+        drop = bleu[top, "torch"] - bleu[top, name]
+        print(f"{'PASS' if drop <= INT8_MAX_BLEU_DROP else 'FAIL'}  {name} BLEU within "
+              f"{INT8_MAX_BLEU_DROP} of ours: {-drop:+.2f}")
+        if name == QUANTIZED:
+            continue
+        for reference, what in (("torch", "the float32 checkpoint file (with optimizer state)"),
+                                ("ct2 float32", "the float32 weights alone (float32 model.bin)")):
+            if reference not in rows:
+                continue
+            share = sizes[name] / sizes[reference]
+            print(f"{'PASS' if share <= INT8_MAX_SIZE else 'FAIL'}  {name} model.bin <= "
+                  f"{INT8_MAX_SIZE:.0%} of {what}: {share:.1%}")
+
+
+def main() -> None:
+    parser, args = parse_args()
     hold_to_isa(args.isa)
     if args.child:
         child(args)
@@ -371,46 +382,15 @@ def main() -> None:
     if BASELINE in rows and not args.baseline_src:
         parser.error(f"the row {BASELINE!r} needs --baseline-src")
     rows = ["torch", *(row for row in rows if row != "torch")]  # the reference, always
-    engine_of = {row: ROWS.get(row, ("torch", ""))[0] for row in rows}
     with tempfile.TemporaryDirectory() as tmp:
-        models = {"torch": args.checkpoint, QUANTIZED: args.checkpoint}
-        root = Path(args.data_root).expanduser()
-        vocab_map = build_vocab_map(translator.tokenizers, root / "train.en.gz",
-                                    root / "train.de.gz")
-        for name, export in ENGINES.items():
-            if export and name in engine_of.values():
-                quantization, mapped = export
-                models[name] = str(Path(tmp) / f"{quantization}{'-vmap' * mapped}")
-                export_ctranslate2(translator, models[name], quantization=quantization,
-                                   vocab_map=vocab_map if mapped else None)
-        sizes = {row: Path(models[name] if ENGINES[name] is None else
-                           Path(models[name]) / "model.bin").stat().st_size
-                 for row, name in engine_of.items()}
-        map_size = (Path(models[MAPPED]) / VOCAB_MAP).stat().st_size if MAPPED in rows else 0
-        results: dict[tuple[int, str], dict] = {}
-        seconds: dict[tuple[int, str], list[float]] = {}  # every round's best, in order
-        for _ in range(args.rounds):
-            for threads in args.threads:
-                for row in rows:
-                    r = run(row, models[engine_of[row]], threads, args)
-                    seconds.setdefault((threads, row), []).append(r["seconds"])
-                    best = results.get((threads, row))
-                    if best is None or r["seconds"] < best["seconds"]:
-                        results[threads, row] = r
+        models, map_note = export_rows(args.checkpoint, translator, rows,
+                                       Path(args.data_root).expanduser(), Path(tmp))
+        sizes = {row: model_size(models, row) for row in rows}
+        results, seconds = run_rounds(rows, models, args)
     bleu = {key: sacrebleu.corpus_bleu(r["hyps"], [refs]).score for key, r in results.items()}
-    print(f"{'row':<24}{'threads':>8}{'sent/s':>9}{'1st':>8}{'tok/s':>9}{'vs ours':>9}"
-          f"{'peak RSS MiB':>14}{'size MiB':>10}{'BLEU':>7}")
-    speed = {key: len(refs) / r["seconds"] for key, r in results.items()}
-    for (threads, name), r in results.items():
-        print(f"{name:<24}{threads:>8}{speed[threads, name]:>9.1f}"
-              f"{len(refs) / r['first_seconds']:>8.1f}{r['tokens'] / r['seconds']:>9.0f}"
-              f"{speed[threads, name] / speed[threads, 'torch']:>9.2f}"
-              f"{r['peak_rss_mib']:>14.0f}{sizes[name] / 2**20:>10.1f}{bleu[threads, name]:>7.2f}")
+    speed = print_table(results, bleu, sizes, len(refs))
     print("size: our checkpoint file (weights + optimizer state; torch int8 quantizes it when "
-          "loaded), CTranslate2's model.bin; "
-          f"the vocabulary map (vmap.txt, {map_size / 2**20:.2f} MiB beside model.bin): "
-          f"{len(vocab_map.candidates):,} source pieces, <= {DEFAULT_PER_SOURCE} candidates "
-          f"each + {len(vocab_map.always)} always, from {vocab_map.pairs:,} training pairs")
+          f"loaded), CTranslate2's model.bin; {map_note}")
     top = max(args.threads)
     print_comparisons(results, speed, seconds, rows, args.threads)
     if BASELINE in rows:
@@ -423,28 +403,9 @@ def main() -> None:
           + ("  -- other processes were using the CPU: rerun on a quiet machine (a thread "
              "that loses its core stalls every operation, above all with 2 threads)"
              if max(loads) > 1.5 else ""))
-    for name in (n for n in FLOAT32 if n in rows):  # beam search within 0.2 BLEU of ours
-        delta = bleu[top, name] - bleu[top, "torch"]
-        print(f"{'PASS' if abs(delta) <= FLOAT32_MAX_BLEU_DIFF else 'FAIL'}  {name} BLEU "
-              f"within {FLOAT32_MAX_BLEU_DIFF} of ours: {delta:+.2f}")
-    if QUANTIZED in rows:
-        drop = bleu[top, "torch"] - bleu[top, QUANTIZED]
-        print(f"{'PASS' if drop <= INT8_MAX_BLEU_DROP else 'FAIL'}  {QUANTIZED} BLEU within "
-              f"{INT8_MAX_BLEU_DROP} of ours: {-drop:+.2f}")
-    for name in (n for n in INT8 if n in rows):
-        drop = bleu[top, "torch"] - bleu[top, name]
-        print(f"{'PASS' if drop <= INT8_MAX_BLEU_DROP else 'FAIL'}  {name} BLEU within "
-              f"{INT8_MAX_BLEU_DROP} of ours: {-drop:+.2f}")
-        for reference, what in (("torch", "the float32 checkpoint file (with optimizer state)"),
-                                ("ct2 float32", "the float32 weights alone (float32 model.bin)")):
-            if reference not in rows:
-                continue
-            share = sizes[name] / sizes[reference]
-            print(f"{'PASS' if share <= INT8_MAX_SIZE else 'FAIL'}  {name} model.bin <= "
-                  f"{INT8_MAX_SIZE:.0%} of {what}: {share:.1%}")
+    print_quality_checks(bleu, sizes, rows, top)
     if args.profile:
-        profile(args.checkpoint, inputs(args, "en"),
-                min(args.threads), max_tokens(args))
+        profile(args.checkpoint, inputs(args, "en"), min(args.threads), max_tokens(args))
 
 
 if __name__ == "__main__":

@@ -1,17 +1,19 @@
-"""Benchmark: our package vs Hugging Face `transformers` (MarianMTModel, what OPUS-MT users
-run today) on the same OPUS-MT-shaped model, CPU, in one run: a training step (target
-tokens/s) and beam search (sentences/s), each ratio against Hugging Face measured in this run.
+"""How does our package compare with Hugging Face `transformers` (MarianMTModel, what OPUS-MT
+users run today), training and translating the same OPUS-MT-shaped model?
 
     python bench/hf.py [--size small|base] [--data-root DIR] [--threads 2] [--max-tokens 4096]
                        [--warmup 1] [--steps 2] [--rounds 4] [--sentences 128] [--beam 5]
                        [--max-len 64] [--decode-max-tokens 2048] [--repeats 3] [--profile]
 
+On the CPU, in one run: a training step (target tokens/s) and beam search (sentences/s), each
+ratio against Hugging Face measured in this run.
+
 The model: transformers' `MarianConfig` with random weights (post-norm, swish FFN, scaled
 and tied embeddings, `</s>` 0, `<pad>` = vocab - 1 = the decoder's start, 512 positions),
 written with `save_pretrained` beside MarianTokenizer's files (SentencePiece models trained
 here on Multi30k's English and German, one vocab.json padded with dummy pieces up to the
-model's vocabulary), then imported with `transformer.deploy.hf.import_hf`: both sides run the very
-same weights (checked: the largest logit difference on one batch is printed).
+model's vocabulary), then imported with `transformer.deploy.hf.import_hf`: both sides run the
+very same weights (checked: the largest logit difference on one batch is printed).
   base   OPUS-MT's shape: d_model 512, 8 heads, FFN 2048, 6+6 layers, 58,101 pieces (74M
          parameters); on 2 cores a training step takes ~25 s and a beam pass over 128
          sentences over a minute per side, so the defaults would take ~15 minutes:
@@ -21,7 +23,8 @@ same weights (checked: the largest logit difference on one batch is printed).
 
 Training step, on the same Multi30k training batches (`batching.train_batches`, --max-tokens
 per side, collated by `store.ParallelCorpus`), train mode with dropout 0.1, both at the
-default learning rate (5e-4) and clipping (`optim.clip_norm`: none, the norm measured):
+learning rate `LR` (5e-4) and the package's default clipping (`optim.clip_norm`: none, the
+norm measured):
   ours  what `Trainer.train_step` does without DDP: `loss.LabelSmoothedLoss` (eps 0.1, the
         output projection fused into the loss on non-pad positions) / target tokens,
         backward, `clip_grad_norm_`, `optimizer.build_optimizer` (fused Adam), zero_grad
@@ -34,8 +37,8 @@ batches; each side's figure is its best round: real (non-pad) target tokens per 
 
 Beam search on the first --sentences of test_2016_flickr (en), beam --beam, both in the
 same batches (sorted longest first, packed to --decode-max-tokens source tokens, as our
-`search.decode_batches` does), text in and text out:
-  ours  `translator.Translator(...).translate(lines)`, `max_len_a=0, max_len_b=L`
+`corpus.decode_batches` does), text in and text out:
+  ours  `decoding.translator.Translator(...).translate(lines)`, `max_len_a=0, max_len_b=L`
   HF    `MarianTokenizer` + `model.generate(num_beams=B, max_new_tokens=L + 1,
         do_sample=False, bad_words_ids=[[pad]])` (OPUS-MT's generation settings) +
         `batch_decode`
@@ -58,7 +61,6 @@ import io
 import json
 import math
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -66,6 +68,7 @@ from pathlib import Path
 import sentencepiece as spm
 import torch
 import transformers
+from timing import load_average, operator_table, paired_passes, profiled
 from torch import Tensor, nn
 from torch.nn import functional as F
 from transformers import MarianConfig, MarianMTModel, MarianTokenizer
@@ -75,6 +78,7 @@ from transformer.data.multi30k import DEFAULT_ROOT, download_multi30k
 from transformer.data.store import Batch, ParallelCorpus
 from transformer.data.text import ParallelText, read_lines
 from transformer.data.tokenizer import TokenizerPair
+from transformer.decoding.request import DecodingRequest
 from transformer.decoding.search import Hypothesis
 from transformer.decoding.translator import Translator
 from transformer.deploy.hf import import_hf
@@ -85,6 +89,7 @@ from transformer.run.config import DecodingSettings, TrainConfig
 from transformer.training.optimizer import build_optimizer
 
 TARGETS = {"train": 1.3, "beam": 1.5}  # ours / HF, measured in the same run
+LR = 5e-4  # the learning rate both sides train at (the speed does not depend on it)
 
 
 @dataclass(frozen=True)
@@ -192,6 +197,14 @@ def attention_mask(batch: Batch) -> Tensor:
 Step = Callable[[Batch], None]
 
 
+def train_config() -> TrainConfig:
+    """The package's training defaults at the learning rate `LR` (the package's own is
+    chosen by a run's budget)."""
+    cfg = TrainConfig()
+    cfg.optim.lr = LR
+    return cfg
+
+
 def ours_step(model: Transformer, cfg: TrainConfig) -> Step:
     """One update as `Trainer.train_step` makes it (one batch, one process)."""
     loss_fn = LabelSmoothedLoss(model, cfg.optim.label_smoothing)
@@ -231,13 +244,6 @@ def hf_step(model: MarianMTModel, cfg: TrainConfig) -> Step:
     return step
 
 
-def timed(fn: Callable[[], object]) -> float:
-    """Seconds `fn()` takes."""
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def bench_training(steps: dict[str, Step], warmup: list[Batch], batches: list[Batch],
                    rounds: int) -> dict[str, list[float]]:
     """Each side's target tokens/s per round: warm-up steps, then the sides alternate,
@@ -246,12 +252,9 @@ def bench_training(steps: dict[str, Step], warmup: list[Batch], batches: list[Ba
         for batch in warmup:
             step(batch)
     tokens = sum(b.num_tgt_tokens for b in batches)
-    speeds: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
-            seconds = timed(lambda step=step: [step(b) for b in batches])
-            speeds[name].append(tokens / seconds)
-    return speeds
+    seconds, _ = paired_passes({name: lambda step=step: [step(b) for b in batches]
+                                for name, step in steps.items()}, rounds, flip=False)
+    return {name: [tokens / s for s in passes] for name, passes in seconds.items()}
 
 
 # ---- beam search ------------------------------------------------------------------------
@@ -261,9 +264,9 @@ class CountingTranslator(Translator):
 
     output_tokens = 0
 
-    def _search(self, sources: list[list[int]], settings: DecodingSettings,
+    def _search(self, sources: list[list[int]], request: DecodingRequest,
                 **options) -> list[list[Hypothesis]]:
-        hyps = super()._search(sources, settings, **options)
+        hyps = super()._search(sources, request, **options)
         self.output_tokens = sum(len(h[0].tokens) + 1
                                  for h, ids in zip(hyps, sources, strict=True) if ids)
         return hyps
@@ -311,10 +314,7 @@ def bench_beam(ours: CountingTranslator, hf: HfTranslator, lines: list[str],
             "HF": lambda: hf.translate(groups)}
     ours.translate(lines[:8])
     hf.translate([lines[:8]])
-    seconds: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            seconds[name].append(timed(run))
+    seconds, _ = paired_passes(runs, repeats, flip=False)
     return seconds, {name: t.output_tokens for name, t in translators.items()}
 
 
@@ -322,26 +322,9 @@ def bench_beam(ours: CountingTranslator, hf: HfTranslator, lines: list[str],
 
 def profile(label: str, fn: Callable[[], object], top: int = 12) -> list[str]:
     """Where `fn()`'s time goes: torch.profiler's operators by self CPU time."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-        wall = timed(fn)
-    events = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in events)
-    rows = [f"{label}: {wall:.2f}s wall (profiled); operators by self CPU time:"]
-    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]:
-        rows.append(f"  {e.key:<40}{e.self_cpu_time_total / 1e6:>8.3f}s"
-                    f"{100 * e.self_cpu_time_total / total:>7.1f}%{e.count:>9} calls")
-    rows.append(f"  (operator self time {total / 1e6:.2f}s; the rest of the wall time is "
-                f"Python and the profiler)")
-    return rows
-
-
-def load_average() -> float:
-    """The 1-minute load average: other processes' demand for the cores."""
-    with open("/proc/loadavg") as f:
-        return float(f.read().split()[0])
+    wall, prof = profiled(fn)
+    return [f"{label}: {wall:.2f}s wall (profiled); operators by self CPU time:",
+            *operator_table(prof, top)]
 
 
 def verdict(name: str, ratio: float, what: str) -> str:
@@ -352,7 +335,7 @@ def verdict(name: str, ratio: float, what: str) -> str:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=SIZES, default="small")
     parser.add_argument("--data-root", default=DEFAULT_ROOT,
                         help="folder of the Multi30k files (default: the download cache)")
@@ -431,7 +414,7 @@ def run_training(args: argparse.Namespace, ours: Transformer, hf_model: MarianMT
     """The training step benchmark's numbers (JSON-ready) and, with --profile and the target
     missed, both sides' profiles of one step."""
     warmup, timed_batches = batches[:args.warmup], batches[args.warmup:]
-    steps = {"ours": ours_step(ours, TrainConfig()), "HF": hf_step(hf_model, TrainConfig())}
+    steps = {"ours": ours_step(ours, train_config()), "HF": hf_step(hf_model, train_config())}
     speeds = bench_training(steps, warmup, timed_batches, args.rounds)
     best = {name: max(s) for name, s in speeds.items()}
     result = {"max_tokens": args.max_tokens, "warmup": args.warmup, "steps": args.steps,

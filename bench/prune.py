@@ -1,5 +1,9 @@
-"""Benchmark: BLEU and beam-5 decoding speed of a model with a growing fraction of its
-attention heads pruned (transformer.tools.heads; Michel, Levy & Neubig, 2019).
+"""What does pruning attention heads cost in BLEU, and gain in beam-5 decoding speed, as a
+growing fraction of the heads is pruned (transformer.tools.heads; Michel, Levy & Neubig, 2019)?
+
+    python bench/prune.py --checkpoint RUN_DIR_OR_PT [--fractions 0 0.2 0.4 0.6]
+        [--data-root DIR] [--max-sentences 1000] [--output-dir DIR]
+        [--beam-size 5] [--threads 1] [--device cpu] [--repeats 1]
 
 Head importance (the gradient criterion of scripts/prune_heads.py, scores normalized per
 layer) is measured once, on the first --max-sentences validation sentences; each fraction
@@ -8,10 +12,6 @@ then prunes the full model in one shot, keeping at least one head per layer. Spe
 --max-sentences sentences of --data (default: test_2016_flickr), so the heads are not
 chosen on the sentences that score them. Speed is the best of --repeats runs after a short
 warm-up, sentences per second, translating with the usual batching (Translator).
-
-    python bench/prune.py --checkpoint RUN_DIR_OR_PT [--fractions 0 0.2 0.4 0.6]
-        [--data-root DIR] [--max-sentences 1000] [--output-dir DIR]
-        [--beam-size 5] [--threads 1] [--device cpu] [--repeats 1]
 
 Prints a table and writes prune.csv and prune.png (BLEU and sentences/s vs fraction).
 """
@@ -22,12 +22,12 @@ import argparse
 import copy
 import csv
 import sys
-import time
 from pathlib import Path
 
 import sacrebleu
 import torch
 from matplotlib.figure import Figure  # saved with the Agg canvas; no pyplot, no display
+from timing import timed_passes
 
 from transformer.decoding.translator import Translator
 from transformer.tools.evaluation import evaluation_text
@@ -35,7 +35,7 @@ from transformer.tools.heads import gradient_importance, heads_to_prune, teacher
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, metavar="RUN_DIR_OR_PT")
     p.add_argument("--fractions", type=float, nargs="+", default=[0.0, 0.2, 0.4, 0.6])
     p.add_argument("--data", choices=("valid", "test"), default="test",
@@ -55,12 +55,9 @@ def measure(translator: Translator, sources: list[str], references: list[str],
             beam_size: int, repeats: int) -> tuple[float, float]:
     """(BLEU, sentences per second) of beam search over `sources`."""
     translator.translate(sources[:8], beam_size=beam_size)  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        hypotheses = translator.translate(sources, beam_size=beam_size)
-        best = min(best, time.perf_counter() - start)
-    return sacrebleu.corpus_bleu(hypotheses, [references]).score, len(sources) / best
+    seconds, hypotheses = timed_passes(lambda: translator.translate(sources, beam_size=beam_size),
+                                       repeats)
+    return sacrebleu.corpus_bleu(hypotheses, [references]).score, len(sources) / min(seconds)
 
 
 def plot(rows: list[dict], path: Path) -> None:

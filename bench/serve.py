@@ -1,4 +1,8 @@
-"""Benchmark: the translation server under load, 1, 8 and 32 concurrent clients (CPU).
+"""How does the translation server hold up under load: its latency and throughput with 1, 8
+and 32 concurrent clients (CPU), and its memory over time?
+
+    python bench/serve.py [--checkpoint runs/ref] [--clients 1 8 32] [--max-requests 2000]
+        [--max-seconds 60] [--threads 1] [--source .../test_2016_flickr.en.gz]
 
 Starts scripts/serve.py on a free 127.0.0.1 port, then for each setting runs that many
 clients, each sending single sentences of test_2016_flickr (en) to POST /translate one after
@@ -11,9 +15,6 @@ with one translation), p50/p95 latency, sentences/s and the mean batch the serve
 share batches) and the server's RSS at the start (loaded, idle), at the end of the first
 quarter of the measured requests and at the end (target: <= 5% growth from the quarter to
 the end). The server's RSS is read from /proc (Linux).
-
-    python bench/serve.py [--checkpoint runs/ref] [--clients 1 8 32] [--max-requests 2000]
-        [--max-seconds 60] [--threads 1] [--source .../test_2016_flickr.en.gz]
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from timing import status_mib
 
 from transformer.data.text import read_lines
 
@@ -65,11 +68,7 @@ class RssMonitor:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def rss_mib(self) -> float:
-        with open(f"/proc/{self.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-        raise RuntimeError("no VmRSS")
+        return status_mib("VmRSS", self.pid)
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):
@@ -173,7 +172,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", type=Path, default=ROOT.parent / "runs" / "ref")
     p.add_argument("--source", type=Path, default=SHARED,
                    help="sentences to send (default: ../shared/data/multi30k's test_2016_flickr)")

@@ -1,4 +1,12 @@
-"""Benchmark: training speed and peak memory of our Transformer vs. torch.nn.Transformer.
+"""How fast does our Transformer train, and in how much memory, against torch.nn.Transformer
+of the same size?
+
+    python bench/train_speed.py [--steps 10] [--warmup 2] [--sizes tiny small]
+                                [--max-tokens 4096 [one per size]] [--data-root DIR]
+                                [--device cpu|cuda] [--tf32] [--bf16]
+                                [--cudnn-attention on|off|both] [--peak-tflops T]
+                                [--compile] [--compiled-ours] [--all-positions] [--unfused]
+                                [--no-memory]
 
 Both models have the same dimensions (model presets `tiny`, `small`, `base`), the same tied
 embedding x sqrt(d) + sinusoidal positions, the same dropout on residuals/FFN and none on the
@@ -14,9 +22,9 @@ and cuDNN are CUDA switches, no-ops on a CPU). The GPU table, e.g. on an H200 in
         --steps 8 --warmup 3 --tf32 --bf16 --cudnn-attention both
 
   ours  transformer.model.transformer.Transformer with the training loop's loss module
-        (training.LabelSmoothedLoss): the output projection on non-pad positions only, fused
-        into the loss (ops.linear_label_smoothed_cross_entropy), attention through SDPA where
-        it applies; --unfused also times it with the projection's logits fed to
+        (model.loss.LabelSmoothedLoss): the output projection on non-pad positions only,
+        fused into the loss (layers.linear_label_smoothed_cross_entropy), attention through
+        SDPA where it applies; --unfused also times it with the projection's logits fed to
         nn.CrossEntropyLoss (ours_logits)
   ref   torch.nn.Transformer(batch_first=True) with padding masks and a causal mask, output
         projection over all positions (as a typical nn.Transformer user writes it), loss with
@@ -45,13 +53,6 @@ multiply-add: FLOPs = 6 x multiply-adds. The peak: --peak-tflops (one number for
 else on a known GPU the dense peak of its datasheet (NVIDIA H200 SXM: bf16 989.5 TFLOP/s,
 TF32 494.7, float32 66.9), else n/a.
 
-    python bench/train_speed.py [--steps 10] [--warmup 2] [--sizes tiny small]
-                                [--max-tokens 4096 [one per size]] [--data-root DIR]
-                                [--device cpu|cuda] [--tf32] [--bf16]
-                                [--cudnn-attention on|off|both] [--peak-tflops T]
-                                [--compile] [--compiled-ours] [--all-positions] [--unfused]
-                                [--no-memory]
-
 On a shared machine, OpenMP's spin-waiting threads slow everything down by up to 10x when
 another process holds a core; OMP_WAIT_POLICY=PASSIVE keeps absolute numbers meaningful
 (the ratio is measured alternately either way).
@@ -71,7 +72,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from memory import status_mib  # bench/memory.py
+from timing import peak_rss_mib
 from torch import Tensor, nn
 
 from transformer.data.multi30k import DEFAULT_ROOT
@@ -161,7 +162,7 @@ class Contender:
 
 def model_config(size: str, vocab: int) -> ModelConfig:
     """The `size` preset with the recipe's dropout at Wu et al.'s budget (the recipe leaves
-    it to the budget: schedule.BUDGET_SETTINGS)."""
+    it to the budget: schedule.DROPOUT_ROWS)."""
     return compose_config([f"model={size}", "model.dropout=0.3"]).model.to_model_config(
         vocab, vocab, share_embeddings=True)
 
@@ -221,7 +222,7 @@ def peak_rss_child(kind: str, size: str, steps: int, data_root: str, max_tokens:
     step = build(kind, size, data.tokenizers.src.vocab_size, False).step
     for b in batches:
         step(b)
-    print(json.dumps({"peak_mib": status_mib("VmHWM")}))
+    print(json.dumps({"peak_mib": peak_rss_mib()}))
 
 
 def peak_rss(kind: str, size: str, steps: int, data_root: str, max_tokens: int) -> float:
@@ -314,7 +315,7 @@ def table_row(size: str, label: str, r: dict, setting: Setting, rss: dict[str, f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10, help="timed steps per model and size")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small"])
