@@ -44,9 +44,10 @@ max_ratio 3: cheap, and safe on any corpus), `strict` (basic plus max_repeat 3, 
 langid 0.5 and max_ratio 2.5). Measured on Multi30k (`bench/corpora.py --arms noise`):
 strict removes 0.38% of the clean training pairs (sentences 0.32%: captions of two
 sentences on one side only; langid 0.02%: short German captions taken for Luxembourgish;
-max_ratio 2.5 0.03%, where 2.0 would take 0.18%) and, of 29,000 planted noise pairs, all copies and duplicates, 99.4-99.8%
-of French or Czech lines on the German side and 99.5% of targets holding a second sentence
-(a length ratio alone catches half of those: two short sentences look like one long one).
+max_ratio 2.5 0.03%, where 2.0 would take 0.18%) and, of 29,000 planted noise pairs, all
+copies and duplicates, 99.4-99.8% of French or Czech lines on the German side and 99.5% of
+targets holding a second sentence (a length ratio alone catches half of those: two short
+sentences look like one long one).
 
 Cleaning happens once, when a training corpus's store is built; its counts are reported
 per corpus (`format_cleaning_table`): the pairs read, each removed pair under the one
