@@ -82,8 +82,9 @@ def recipe(updates: int, settings: str = "wu") -> list[str]:
 
     `wu`: Wu et al.'s batch size, dropout and lr (not the ones the budget would choose) and
     a linear cooldown over the last third in updates (`optim.cooldown_updates`, the
-    schedule every arm in docs/RESULTS.md trained with before the recipe fitted its settings
-    to the budget). `budget`: the recipe as it is, its settings and schedule chosen for a
+    schedule the arms of docs/results.md's "Several corpora and cleaning" and "One
+    multilingual model" trained with, before the recipe fitted its settings to the
+    budget). `budget`: the recipe as it is, its settings and schedule chosen for a
     budget of `updates` updates (`schedule.budget_settings`)."""
     limits = [f"trainer.max_updates={updates}", "trainer.max_time=null",
               "trainer.max_target_tokens=null"]
@@ -118,7 +119,7 @@ def add_settings_option(parser: argparse.ArgumentParser, default: str) -> None:
                         help="wu: Wu et al.'s batch size, dropout and lr with a cooldown over "
                              "the last third; budget: the ones the recipe chooses for "
                              f"--updates updates (default {default}: the numbers in "
-                             "docs/RESULTS.md)")
+                             "docs/results.md)")
 
 
 def corpus_entry(name: str, src: Path, tgt: Path, **extra: str) -> str:

@@ -1,6 +1,7 @@
 """hardware.py: the CPU read from /proc/cpuinfo, the library chosen by its vendor, the one
 place that sets the threads, and the tuning table, every constant of which says what it
-decides, where it was measured and where docs/RESULTS.md has the numbers."""
+decides, where it was measured and which section of docs/benchmarks.md (or docs/results.md)
+has the numbers."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from transformer import hardware
 
-RESULTS = Path(__file__).resolve().parents[1] / "docs" / "RESULTS.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 @pytest.mark.parametrize("vendor, library", [("GenuineIntel", "blas"),
@@ -41,17 +42,46 @@ def test_cpu_info_reads_the_first_processors_field_by_its_whole_name(tmp_path):
     assert hardware.cpu_info("model", str(tmp_path / "missing")) is None
 
 
+def _headings(page: Path) -> list[tuple[int, str]]:
+    """A page's headings outside code blocks: (level, text)."""
+    headings, in_code = [], False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            headings.append((level, line[level:].strip()))
+    return headings
+
+
+def _section_exists(headings: list[tuple[int, str]], parts: list[str]) -> bool:
+    """Whether `parts` name a heading, each under the one before it (a "A > B" path: a
+    heading B inside A's section, before the next heading of A's level or above)."""
+    def find(start: int, end: int, depth: int, part: int) -> bool:
+        for i in range(start, end):
+            level, text = headings[i]
+            if level <= depth or not text.startswith(parts[part]):
+                continue
+            if part == len(parts) - 1:
+                return True
+            close = next((j for j in range(i + 1, end) if headings[j][0] <= level), end)
+            if find(i + 1, close, level, part + 1):
+                return True
+        return False
+    return find(0, len(headings), 0, 0)
+
+
 def test_every_measured_constant_says_what_it_decides_and_where_it_was_measured():
-    """One entry of MEASURED per field of the table, each naming a section of
-    docs/RESULTS.md that exists (a "A > B" entry: both headings)."""
+    """One entry of MEASURED per field of the table, each naming a page of docs/ (results.md
+    or benchmarks.md) and a section of it that exists (a "page > A > B" entry: the heading B
+    inside the section A)."""
     names = [f.name for f in dataclasses.fields(hardware.Tuning)]
     assert list(hardware.MEASURED) == names
-    headings = [line.lstrip("#").strip() for line in RESULTS.read_text(encoding="utf-8")
-                .splitlines() if line.startswith("#")]
     for name, measured in hardware.MEASURED.items():
         assert measured.decides and measured.measured_on, name
-        for part in measured.results.split(" > "):
-            assert any(heading.startswith(part) for heading in headings), (name, part)
+        page, *parts = measured.results.split(" > ")
+        assert page in ("benchmarks.md", "results.md") and parts, (name, measured.results)
+        assert _section_exists(_headings(DOCS / page), parts), (name, measured.results)
 
 
 def test_the_table_is_detected_once_with_what_depends_on_this_machine():

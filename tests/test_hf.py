@@ -26,6 +26,7 @@ import pytest
 import sacrebleu
 import sentencepiece as spm
 import torch
+import yaml
 from conftest import reusing_venv, train_en_de
 from safetensors.torch import load_file, save_file
 from transformers import (
@@ -56,7 +57,7 @@ from transformer.run.checkpoint import (
     save_checkpoint,
     tokenizers_from_state,
 )
-from transformer.run.config import DecodingSettings
+from transformer.run.config import DecodingSettings, TrainConfig, TrainerConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -482,6 +483,72 @@ def test_separate_vocabularies_are_refused_in_one_line(multi30k_tokenizer,
     error = capsys.readouterr().err.strip()
     assert code == 1 and "\n" not in error and "share_embeddings" in error
     assert not (tmp_path / "out").exists()
+
+
+
+def model_card(directory: Path) -> tuple[dict, str]:
+    """The export's README.md: its YAML front matter and its body."""
+    text = (directory / "README.md").read_text(encoding="utf-8")
+    assert text.startswith("---\n")
+    front, body = text[len("---\n"):].split("\n---\n", 1)
+    return yaml.safe_load(front), body
+
+
+def test_the_export_has_a_model_card_with_the_models_numbers(exported, en_de_checkpoint):
+    meta, body = model_card(exported)
+    assert meta["language"] == ["en", "de"] and meta["license"] == "mit"
+    assert {"translation", "en-de", "marian"} <= set(meta["tags"])
+    assert meta["metrics"] == ["bleu", "chrf"] and meta["pipeline_tag"] == "translation"
+    translator = Translator.load(en_de_checkpoint, device="cpu")
+    c = translator.model_config
+    assert f"| parameters | {translator.num_parameters:,} |" in body
+    assert f"{c.tgt_vocab_size:,} SentencePiece pieces" in body
+    assert (f"layers: {c.num_encoder_layers} encoder, {c.num_decoder_layers} decoder; model "
+            f"dimension {c.num_hiddens}, feed-forward {c.ffn_num_hiddens}") in body
+    assert "from English (`en`) into German (`de`)" in body and "`MarianMTModel`" in body
+    assert "Multi30k (Elliott et al. 2016), task 1" in body  # the stored training config
+    assert "beam 4, length penalty alpha 1" in body  # the checkpoint's decoding settings
+    assert 'AutoModelForSeq2SeqLM.from_pretrained("PATH_OR_HUB_ID")' in body
+    assert "```bash\ntransformer train data.src_lang=en data.tgt_lang=de" in body
+    assert f"model.num_hiddens={c.num_hiddens}" in body
+    assert str(en_de_checkpoint.parent) not in body  # files by name, no local paths
+
+
+def test_the_model_card_reports_the_budget_training_and_chosen_scores(en_de_checkpoint,
+                                                                      tmp_path, capsys):
+    state = load_checkpoint(en_de_checkpoint)
+    trained = TrainConfig(trainer=TrainerConfig(max_target_tokens=5_500_000, max_time=1800.0))
+    state.update(config=trained.to_dict(), valid_bleu=37.254,
+                 averaged_from=["checkpoint_800.pt", "checkpoint_900.pt"],
+                 train_state={"epoch": 13, "batches_done": 0, "num_updates": 1234,
+                              "best_bleu": 36.5, "train_time": 1799.0,
+                              "target_tokens": 5_498_765},
+                 budget_settings={"from_tokens": 0, "update_tokens": 1024, "dropout": 0.1,
+                                  "lr": 0.0014, "warmup_fraction": 0.15, "epochs": 11.7})
+    path = tmp_path / "chosen.pt"
+    save_checkpoint(state, path)
+    out = tmp_path / "hf"
+    assert transformer_main(["export", "--format", "hf", "--checkpoint", str(path),
+                             "--output", str(out), "--license", "apache-2.0"]) == 0
+    meta, body = model_card(out)
+    assert meta["license"] == "apache-2.0" and "Apache 2.0 license" in body
+    assert "budget: 5,500,000 target tokens or 1,800 s of training, whichever came " \
+           "first" in body
+    assert "trained: 1,234 updates, 5,498,765 target tokens, 30.0 minutes of training, " \
+           "12 epochs" in body
+    assert ("validation BLEU 37.25 (cased sacreBLEU) with these settings, the average of 2 "
+            "checkpoints, chosen by `transformer tune-decoding`") in body
+    assert "best validation BLEU during training: 36.50" in body
+    assert ("chosen for the budget: 1,024 target tokens an update, peak learning rate 0.0014, "
+            "dropout 0.1") in body
+    assert "trainer.max_target_tokens=5500000" in body and "trainer.max_time=1800" in body
+    assert AutoTokenizer.from_pretrained(out) is not None  # the card changes no other file
+    capsys.readouterr()
+    code = transformer_main(["export", "--format", "hf", "--checkpoint", str(path),
+                             "--output", str(tmp_path / "bad"), "--license", "MIT License"])
+    error = capsys.readouterr().err.strip()
+    assert code == 1 and "\n" not in error and "--license" in error
+    assert not (tmp_path / "bad").exists()
 
 
 # ---- fine-tuning ------------------------------------------------------------------------------

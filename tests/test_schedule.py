@@ -352,7 +352,7 @@ def test_the_tables_grow_with_the_budget():
     (61_000_000, ["data.max_tokens=8192", "model.dropout=0.3", "optim.lr=0.005"]),
 ])
 def test_the_recipe_at_a_token_budget_is_the_run_measured_there(tokens, settings):
-    """On Multi30k the plan is the runs of docs/RESULTS.md ("Budgets": bench/budget.py's
+    """On Multi30k the plan is the runs of docs/results.md ("Quality by budget": bench/budget.py's
     small_2k and mid_4k arms, Wu et al.'s settings; the 30-minute command's 12.3M tokens):
     the recipe filled in at their budgets is the config those runs trained with, key for
     key."""

@@ -10,9 +10,9 @@ kernel or a size on it: the package's one place of hardware knowledge.
   (the attention paths' thresholds, int8's chunk sizes, decoding's batch rows, the cache's
   pool, the fused loss's chunks), detected once per process where it depends on the CPU or
   on PyTorch's build. `MEASURED` says, for each, what it decides, the CPUs it was measured
-  on and the docs/RESULTS.md section with the numbers. Code reads `TUNING` when it runs, so
-  a test swaps the whole table (the `tuning` fixture of tests/conftest.py) instead of
-  patching constants one by one.
+  on and the section of docs/benchmarks.md with the numbers. Code reads `TUNING` when it
+  runs, so a test swaps the whole table (the `tuning` fixture of tests/conftest.py) instead
+  of patching constants one by one.
 """
 
 from __future__ import annotations
@@ -143,86 +143,88 @@ class Tuning:
 
 @dataclass(frozen=True)
 class Measured:
-    """What a constant of `Tuning` decides, the CPUs it was measured on, and the section of
-    docs/RESULTS.md that holds the measurements."""
+    """What a constant of `Tuning` decides, the CPUs it was measured on, and where the
+    measurements are: `results` names the page under docs/, then its section and subsection
+    ("benchmarks.md > A > B")."""
 
     decides: str
     measured_on: str
     results: str
 
 
-_ENGINES = "Engines on every CPU"
-_UNNAMED = "the 2-core machine of its entry (the entry does not name the CPU)"
+_TUNING = "benchmarks.md > The tuning table's measurements"
+_UNNAMED = "the development machine (2 cores; an AMD CPU with AVX-512, family not recorded)"
 MEASURED = {
     "short_softmax_keys": Measured(
         "CPU inference computes softmax over rows shorter than this as exp(x - max) / sum: "
         "PyTorch's kernel takes 3-7x as long there (decoding's first steps)",
-        "AMD EPYC Zen 4",
-        f"{_ENGINES} > An AMD EPYC (Zen 4): softmax and weighted values over few keys"),
+        "AMD EPYC Zen 4, Intel Xeon (AMX)",
+        f"{_TUNING} > Attention paths on a CPU"),
     "small_bmm_products": Measured(
         "CPU inference multiplies weights x values with fewer multiply-adds per matrix than "
         "this as a sum of products: PyTorch's bmm is 1.7-4.8x slower there",
-        "AMD EPYC Zen 4",
-        f"{_ENGINES} > An AMD EPYC (Zen 4): softmax and weighted values over few keys"),
+        "AMD EPYC Zen 4, Intel Xeon (AMX)",
+        f"{_TUNING} > Attention paths on a CPU"),
     "fused_attention_min_keys": Measured(
         "attention over fewer keys than this takes the explicit path on a CPU: the fused "
         "kernel loses to two bmm's there (16 keys 2.0x slower, 64 keys 0.9x)",
-        _UNNAMED, "Measurements behind code choices"),
+        _UNNAMED, f"{_TUNING} > Attention paths on a CPU"),
     "float32_library": Measured(
         "the library of float32 inference products: MKL's BLAS on Intel's CPUs (1.2-5x "
         "faster than oneDNN at a decoding step's small products), oneDNN elsewhere (1.4-2.3x "
         "faster than MKL on AMD's from 150 rows on); detected from the CPU's vendor",
         "Intel Xeon (AMX), AMD EPYC Zen 4, Zen 5",
-        f"{_ENGINES} > An Intel Xeon with AMX: MKL for float32"),
+        f"{_TUNING} > The float32 library by CPU vendor"),
     "int8_onednn": Measured(
         "whether int8's wide layers can run oneDNN's kernels: PyTorch's build has the "
         "oneDNN quantized engine; detected", "every CPU",
-        f"{_ENGINES} > The int8 output projection through oneDNN on every CPU"),
+        f"{_TUNING} > Int8: the output projection through oneDNN"),
     "int8_max_outputs": Measured(
         "outputs (rows x features) per call of an FBGEMM int8 layer: its kernels take 2-8x "
         "longer per row past ~2-4 MB of float32 output",
         "AMD EPYC Zen 5",
-        f"{_ENGINES} > Batches of rows, CTranslate2's stopping rule, and int8 in row chunks"),
+        f"{_TUNING} > Int8: FBGEMM's row chunks"),
     "int8_onednn_min_outputs": Measured(
         "int8 layers with at least this many outputs (the output projection) run oneDNN's "
         "kernels, faster than FBGEMM's at a decoding step's hundreds of rows",
         "AMD EPYC Zen 4, its kernels held to AVX-512 with and without VNNI and to AVX2; "
         "Intel Xeon (AMX)",
-        f"{_ENGINES} > The int8 output projection through oneDNN on every CPU"),
+        f"{_TUNING} > Int8: the output projection through oneDNN"),
     "int8_onednn_chunk_rows": Measured(
         "rows per chunk in which beam search consumes a oneDNN int8 layer's logits: a "
         "chunk's logits stay in the caches for their log-softmax and top-k",
         "AMD EPYC Zen 4",
-        f"{_ENGINES} > The int8 output projection through oneDNN on every CPU"),
+        f"{_TUNING} > Int8: the output projection through oneDNN"),
     "decode_max_rows": Measured(
         "rows (sentences x beam) per decoding batch, at the most: fewer rows weigh a step's "
         "fixed costs more, many more outgrow the CPU's caches in the copied caches",
         "AMD EPYC Zen 5",
-        f"{_ENGINES} > Batches of rows, CTranslate2's stopping rule, and int8 in row chunks"),
+        f"{_TUNING} > Decoding batches' rows"),
     "topk_block": Measured(
         "columns per block of beam search's two-pass top-k over beam x vocabulary",
-        _UNNAMED, "Decoding: our engine's speed, its search and its modes"),
+        _UNNAMED, f"{_TUNING} > Beam search's top-k"),
     "cache_pool_bytes": Measured(
         "bytes of finished decoding caches' buffers kept for the next ones to write into "
         "(fresh memory costs a page fault per page on its first write): two batches' caches",
         "AMD EPYC Zen 4",
-        f"{_ENGINES} > The cache's memory reused between batches"),
+        f"{_TUNING} > The decoding cache's buffer pool"),
     "ct2_sub_batch_tokens": Measured(
         "source tokens per CTranslate2 sub-batch: larger ones make larger matrix products",
-        _UNNAMED, "Engines: ours vs CTranslate2"),
+        _UNNAMED, f"{_TUNING} > CTranslate2's sub-batches"),
     "ct2_mapped_sub_batch_tokens": Measured(
         "the same with a vocabulary map: smaller sub-batches score fewer candidates",
-        _UNNAMED, "Engines: ours vs CTranslate2"),
+        _UNNAMED, f"{_TUNING} > CTranslate2's sub-batches"),
     "loss_min_chunk_rows": Measured(
         "rows per chunk of the fused output projection and loss, at the least: fewer make "
         "the gradient's (vocab, rows) x (rows, d) product too thin at a large vocabulary",
-        _UNNAMED, "Measurements behind code choices"),
+        _UNNAMED, f"{_TUNING} > The fused loss's chunks"),
     "loss_chunk_logits_cpu": Measured(
         "logits per chunk of the fused loss on a CPU (~16 MB: the chunk stays in cache)",
-        _UNNAMED, "Measurements behind code choices"),
+        _UNNAMED, f"{_TUNING} > The fused loss's chunks"),
     "loss_chunk_logits_gpu": Measured(
         "logits per chunk of the fused loss on a GPU (a batch in one or two chunks: each "
-        "launches ~10 kernels)", "NVIDIA H200", "The CUDA path"),
+        "launches ~10 kernels); not timed on its own", "chosen for the NVIDIA H200 of the "
+        "CUDA path's checks", f"{_TUNING} > The fused loss's chunks"),
 }
 
 

@@ -3,7 +3,7 @@
     transformer export --checkpoint RUN_DIR_OR_PT [RUN_DIR_OR_PT ...] --output DIR
         [--quantization float32|int8|int8_float32] [--vocab-map TRAIN_SRC TRAIN_TGT
         [--vocab-map-size N] [--vocab-map-always N]]
-    transformer export --format hf --checkpoint RUN_DIR_OR_PT --output DIR
+    transformer export --format hf --checkpoint RUN_DIR_OR_PT --output DIR [--license mit]
 
 Writes a CTranslate2 model directory: `model.bin` and the vocabulary (CTranslate2's), the
 SentencePiece model, and `transformer.json` (model config, decoding defaults, language
@@ -20,8 +20,10 @@ transformer/vocab_map.py). Needs the `ctranslate2` package: pip install
 `--format hf` writes a directory that `transformers` loads offline
 (`AutoModelForSeq2SeqLM.from_pretrained(DIR)`, `AutoTokenizer`, `pipeline("translation")`):
 post-norm models as `MarianMTModel`, pre-norm ones as `PegasusForConditionalGeneration`,
-with MarianTokenizer's files and a generation_config.json of the checkpoint's beam size
-(see transformer/hf.py). Needs `safetensors` (the `hf` extra).
+with MarianTokenizer's files, a generation_config.json of the checkpoint's beam size and a
+model card, README.md (languages, `--license`, the model, its training data and budget, its
+scores and decoding settings; see transformer/deploy/hf.py and model_card.py). Needs
+`safetensors` (the `hf` extra).
 
 A multilingual model (trained into several target languages, each source tagged with its
 target language) exports to neither format: the command says so in one line and writes
@@ -39,6 +41,7 @@ from ..decoding.translator import Translator
 from ..decoding.vocab_map import DEFAULT_ALWAYS, DEFAULT_PER_SOURCE, build_vocab_map
 from ..deploy.export import QUANTIZATIONS, check_exportable, export_ctranslate2, require_ctranslate2
 from ..deploy.hf import export_hf
+from ..deploy.model_card import DEFAULT_LICENSE, check_license, checkpoint_facts
 from ..errors import ConfigError
 from . import command_parser, report_errors
 
@@ -62,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="candidate target pieces per source piece")
     p.add_argument("--vocab-map-always", type=int, default=DEFAULT_ALWAYS, metavar="N",
                    help="the N most frequent target pieces are always candidates")
+    p.add_argument("--license", default=DEFAULT_LICENSE, metavar="ID",
+                   help="--format hf: the license its model card (README.md) states, a Hub "
+                        "license id such as mit, apache-2.0, cc-by-4.0 or other")
     return p
 
 
@@ -76,6 +82,9 @@ def check_options(args: argparse.Namespace) -> None:
         raise ConfigError("--vocab-map is a CTranslate2 option, not for --format hf")
     if args.format == "hf" and args.quantization != "float32":
         raise ConfigError("--quantization is a CTranslate2 option, not for --format hf")
+    if args.format != "hf" and args.license != DEFAULT_LICENSE:
+        raise ConfigError("--license is for --format hf (its model card), not for CTranslate2")
+    check_license(args.license, "--license")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -83,7 +92,8 @@ def run(args: argparse.Namespace) -> None:
     source = " ".join(args.checkpoint)
     if args.format == "hf":
         config = export_hf(Translator.load(args.checkpoint, device="cpu"), args.output,
-                           source=source)
+                           source=source, license=args.license,
+                           facts=checkpoint_facts(args.checkpoint))
         print(f"wrote {args.output} ({config['architectures'][0]}, "
               f"{config['vocab_size']:,} pieces)")
         return

@@ -75,7 +75,8 @@ def even_rounds(batches: list[list[int]], sizes: Sequence[int], max_tokens: int,
     number is a multiple of `parallel`. The largest batch is then as small as m batches
     allow. When n is not a multiple of `parallel`, fewer and larger batches: a last round
     of fewer batches than threads would leave threads idle, and more, smaller batches would
-    pay a decoding step's fixed cost more often (docs/RESULTS.md, "Engines on every CPU");
+    pay a decoding step's fixed cost more often (docs/benchmarks.md, "Two threads, and
+    batches in full rounds of them");
     when it is, the same number, of even size (a small last batch would leave its round
     to one thread). Unchanged for one thread, fewer batches than threads, or when no budget
     within the bounds gives m."""

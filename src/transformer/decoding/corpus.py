@@ -9,7 +9,7 @@ input order, as one `request.DecodingRequest` asks. With `parallel` CPU threads,
 `decode_batches` searches that many batches at once, one thread each, as CTranslate2's
 `inter_threads` does (beam search's batches packed in full rounds of the threads:
 `batching.even_rounds`): decoding runs many small operators, which gain little from being
-split over threads (docs/RESULTS.md, "Decoding: our engine's speed").
+split over threads (docs/benchmarks.md, "Two threads, and batches in full rounds of them").
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ class CTranslate2Translator(BaseTranslator):
         sub-batches of every batch (CTranslate2's `inter_threads`; None: one thread).
         Splitting each operation over threads instead (`intra_threads`) made a small model
         2.8x slower at 2 threads on our CPU, while parallel sub-batches made it 1.9x faster
-        (docs/RESULTS.md)."""
+        (docs/benchmarks.md, "Two threads, and batches in full rounds of them")."""
         ctranslate2 = require_ctranslate2()
         info, tokenizers = read_export(directory)
         super().__init__(tokenizers, decoding=info.decoding_settings(),

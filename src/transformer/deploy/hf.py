@@ -3,7 +3,8 @@
 `transformers` loads them (`AutoModelForSeq2SeqLM`, `AutoTokenizer`, `pipeline`).
 
     import_hf("opus-mt-en-de/")                 -> an inference checkpoint (a dict)
-    export_hf(Translator.load("runs/x"), "hf/")  -> config.json, model.safetensors, ...
+    export_hf(Translator.load("runs/x"), "hf/")  -> config.json, model.safetensors, ...,
+                                                   README.md (the model card)
 
 The two models compute the same function; what differs is bookkeeping:
 
@@ -37,6 +38,8 @@ it would be a weight the imported model silently lacks. Writing safetensors need
 `safetensors` package (the `hf` extra brings it with `transformers`). A multilingual model
 (one reading a target-language tag, `<2de>`, in front of each source) is not exported:
 MarianTokenizer would not add the tag.
+
+The export's README.md is a Hugging Face model card, written by `model_card.model_card`.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Union
@@ -60,6 +64,7 @@ from ..model.pruning import unpruned_weights
 from ..model.transformer import ModelConfig, Transformer
 from ..run.checkpoint import inference_checkpoint
 from ..run.config import DecodingSettings
+from .model_card import DEFAULT_LICENSE, check_license, model_card
 
 __all__ = ["ACTIVATION_FROM_HF", "NORM_FIRST_BY_MODEL_TYPE", "MODEL_AXIS", "permutation",
            "hf_model_config", "hf_config", "generation_config", "to_hf_state", "from_hf_state",
@@ -432,15 +437,21 @@ def import_hf(directory: PathLike) -> dict[str, Any]:
 
 # ---- export -------------------------------------------------------------------------------
 
-def export_hf(translator: Translator, output: PathLike, *, source: str = "") -> dict[str, Any]:
+def export_hf(translator: Translator, output: PathLike, *, source: str = "",
+              license: str = DEFAULT_LICENSE,
+              facts: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Write `translator`'s model as a Hugging Face directory `output` that
     `AutoModelForSeq2SeqLM`, `AutoTokenizer` and `pipeline("translation")` load offline:
-    config.json, generation_config.json, model.safetensors, and MarianTokenizer's files
-    (source.spm, target.spm, vocab.json, tokenizer_config.json). The directory appears
-    complete or not at all (built beside `output`, then renamed; an existing one is
+    config.json, generation_config.json, model.safetensors, MarianTokenizer's files
+    (source.spm, target.spm, vocab.json, tokenizer_config.json) and README.md, the model
+    card (`model_card.model_card`: `license`, a Hub license id; `facts`, what the
+    checkpoint records beyond the model, `model_card.checkpoint_facts`). The directory
+    appears complete or not at all (built beside `output`, then renamed; an existing one is
     replaced only if it holds a config.json). A multilingual model, or one loaded in int8
-    (`quantize`), is refused with an `ExportError` naming `source` (its checkpoint), before
-    anything is written. Returns config.json's contents."""
+    (`quantize`), is refused with an `ExportError` naming `source` (its checkpoint), and a
+    malformed license with a `ConfigError`, before anything is written. Returns
+    config.json's contents."""
+    check_license(license)
     translator.check_bilingual(
         source, "exporting it to Hugging Face",
         "MarianTokenizer and generate() do not put the target-language tag every source of "
@@ -463,6 +474,9 @@ def export_hf(translator: Translator, output: PathLike, *, source: str = "") -> 
         _write_json(build / "generation_config.json",
                     generation_config(model.config, translator.decoding))
         _write_tokenizer(build, tokenizers, model.config)
+        with atomic_write(build / "README.md", text=True) as f:
+            f.write(model_card(translator, config, license=license, facts=facts,
+                               source=source))
     return config
 
 

@@ -320,7 +320,7 @@ class MultiHeadAttention(nn.Module):
             # Training self-attention: one matmul over W_q, W_k, W_v concatenated, which
             # costs one concatenation per forward pass, i.e. per weight update. Without
             # gradients (decoding, step after step) three matmuls are as fast or faster
-            # (docs/RESULTS.md, "Measurements behind code choices").
+            # (docs/benchmarks.md, "The training step against `nn.Transformer`").
             W = torch.cat([self.W_q.weight, self.W_k.weight, self.W_v.weight])  # (3 x hidden, d)
             b = (None if self.W_q.bias is None else
                  torch.cat([self.W_q.bias, self.W_k.bias, self.W_v.bias]))

@@ -102,7 +102,8 @@ class KVCache:
     """Keys and values of past decoding steps; `keys`/`values` are (batch, num_heads, steps,
     head_dim), contiguous: the layout batched matrix products read fastest (read through a
     permuted steps-first view, a step's self-attention over 24-64 cached steps took 3.3-4.1x
-    as long; docs/RESULTS.md, "Engines on every CPU > The cache reordered in place").
+    as long; docs/benchmarks.md, "Our engine against CTranslate2 > The decoding cache's
+    layout").
 
     `static=False` (decoder self-attention): each call appends the new steps by writing the
     cached steps, then the new ones, into a second buffer (the start of a flat buffer with

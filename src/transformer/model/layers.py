@@ -14,7 +14,8 @@
   are never materialized: a fresh logits-sized tensor costs page faults on every step, while
   a chunk stays in cache.
 
-How much each saves is measured in docs/RESULTS.md ("Measurements behind code choices").
+How much each saves is measured in docs/benchmarks.md ("The training step against
+`nn.Transformer`"); the chunks' sizes are the tuning table's (`hardware.MEASURED`).
 Both use PyTorch's random generator and plain tensor ops, so seeds and devices behave as usual.
 The int8 form of the linear layers is `int8.py`'s.
 """
