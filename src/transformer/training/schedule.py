@@ -187,9 +187,8 @@ class BatchRow:
 # The batch size and peak lr follow the number of updates the budget buys: measured on
 # Multi30k with Transformer-Tiny at 3M, 5.5M, 20M and 61M target tokens and on two other
 # corpora (docs/results.md, "Quality by budget" and "Your own data"). Each row starts at the
-# budget it was measured at: below it, its larger batches and higher peak lose (the
-# 4,096-token row at ~10M target tokens: 19.0 cased where the row below made 34.4 of 5.5M),
-# while the smaller batches of the row below only make more updates.
+# budget it was measured at: below it, its larger batches and higher peak lose badly, while
+# the smaller batches of the row below only make more updates.
 BATCH_ROWS = (
     BatchRow(0, 1024, lr=0.0014, warmup_fraction=0.15),
     BatchRow(5_500_000, 2048, lr=0.002, warmup_fraction=0.15),
