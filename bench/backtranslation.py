@@ -92,6 +92,7 @@ from transformer.training.schedule import Budget, budget_settings
 HERE = Path(__file__).resolve().parent
 ARMS = ("reverse", "baseline", "bt_tagged", "bt_untagged", "bt_beam", "bt_finetune")
 MONO_FILES = 5  # train.1.de.gz ... train.5.de.gz
+MULTI30K_EPOCH_TOKENS = 471_603  # target tokens of Multi30k's train split (en->de, EOS included)
 TAG = "'<bt>'"  # quoted for Hydra's override grammar
 
 
@@ -213,11 +214,12 @@ def whole_budget_settings(updates: int, settings: str) -> list[str]:
     if settings == "wu":
         return [o for o in recipe(updates, settings) if o.startswith(
             ("data.max_tokens=", "model.dropout=", "optim.lr=", "optim.warmup_fraction="))]
-    row = budget_settings(Budget(max_updates=updates))
+    row = budget_settings(Budget(max_updates=updates), MULTI30K_EPOCH_TOKENS)
     fraction = row.warmup_fraction
     if fraction is None:  # a warmup in updates (Wu et al.'s 2,000): as a share, for a stage
         fraction = round(recipe_warmup_updates() / updates, 4)
-    return [f"data.max_tokens={row.update_tokens}", f"model.dropout={row.dropout}",
+    return [f"model={row.model}", f"data.max_tokens={row.update_tokens}",
+            f"model.dropout={row.dropout}",
             f"optim.lr={row.lr}", f"optim.warmup_fraction={fraction}"]
 
 

@@ -48,19 +48,20 @@ from corpora import average, read_gz, read_results, run, save_results, test_sour
 from timing import timed
 
 HERE = Path(__file__).resolve().parent
-WU = ["data.max_tokens=8192", "model.dropout=0.3", "optim.lr=0.005"]  # Wu et al.'s settings
+WU = ["model=tiny", "data.max_tokens=8192", "model.dropout=0.3",
+      "optim.lr=0.005"]  # Wu et al.'s settings
 ARMS = {
     "recipe": [],
     "cut": [*WU, "optim.warmup_fraction=null", "optim.cooldown=0"],
     "wu_settings": WU,
     "short_warmup": [*WU, "optim.warmup_fraction=0.25"],
     "linear": [*WU, "optim.schedule=constant", "optim.cooldown=1.0"],
-    "recipe_4k": ["data.max_tokens=4096", "model.dropout=0.1", "optim.lr=0.005"],
-    "small_2k": ["data.max_tokens=2048", "model.dropout=0.1", "optim.lr=0.002",
+    "recipe_4k": ["model=tiny", "data.max_tokens=4096", "model.dropout=0.1", "optim.lr=0.005"],
+    "small_2k": ["model=tiny", "data.max_tokens=2048", "model.dropout=0.1", "optim.lr=0.002",
                  "optim.warmup_fraction=0.15"],
-    "small_1k": ["data.max_tokens=1024", "model.dropout=0.1", "optim.lr=0.0014",
+    "small_1k": ["model=tiny", "data.max_tokens=1024", "model.dropout=0.1", "optim.lr=0.0014",
                  "optim.warmup_fraction=0.1"],
-    "mid_4k": ["data.max_tokens=4096", "model.dropout=0.2", "optim.lr=0.003",
+    "mid_4k": ["model=tiny", "data.max_tokens=4096", "model.dropout=0.2", "optim.lr=0.003",
                "optim.warmup_fraction=0.15"],
     "tok": ["data=multi30k_tok"],
 }

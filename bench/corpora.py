@@ -64,7 +64,7 @@ from timing import load_average, timed
 
 from transformer.data.cleaning import FILTER_PRESETS, CorpusCleaner, Filters, format_cleaning_table
 from transformer.data.tokenizer import Tokenizer
-from transformer.training.schedule import Budget, budget_settings
+from transformer.training.schedule import Budget, batch_row
 
 HERE = Path(__file__).resolve().parent
 LANGS = ("de", "fr", "cs")
@@ -85,11 +85,11 @@ def recipe(updates: int, settings: str = "wu") -> list[str]:
     schedule the arms of docs/results.md's "Several corpora and cleaning" and "One
     multilingual model" trained with, before the recipe fitted its settings to the
     budget). `budget`: the recipe as it is, its settings and schedule chosen for a
-    budget of `updates` updates (`schedule.budget_settings`)."""
+    budget of `updates` updates (`schedule.budget_settings`, the model too)."""
     limits = [f"trainer.max_updates={updates}", "trainer.max_time=null",
               "trainer.max_target_tokens=null"]
     if settings == "wu":
-        limits += ["data.max_tokens=8192", "model.dropout=0.3", "optim.lr=0.005",
+        limits += ["model=tiny", "data.max_tokens=8192", "model.dropout=0.3", "optim.lr=0.005",
                    f"optim.cooldown_updates={updates // 3}", "optim.cooldown=0",
                    "optim.warmup_fraction=null"]
     window = validation_window(update_tokens(updates, settings))
@@ -103,7 +103,7 @@ def update_tokens(updates: int, settings: str) -> int:
     if settings == "wu":
         return 8192
     if settings == "budget":
-        return budget_settings(Budget(max_updates=updates)).update_tokens
+        return batch_row(Budget(max_updates=updates)).update_tokens
     raise SystemExit(f"unknown settings {settings!r}: one of {', '.join(SETTINGS)}")
 
 

@@ -52,7 +52,7 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 def recipe_config() -> ModelConfig:
     """The recipe's model (configs/: Transformer-Tiny, with the dropout of Wu et al.'s
     budget, 0.3) over an 8k joint vocabulary."""
-    return compose_config(["model.dropout=0.3"]).model.to_model_config(8000, 8000,
+    return compose_config(["model=tiny", "model.dropout=0.3"]).model.to_model_config(8000, 8000,
                                                                       share_embeddings=True)
 
 

@@ -45,12 +45,13 @@ TATOEBA = "tatoeba-test-v2021-08-07"
 HELD_OUT = 1000  # Tatoeba pairs for validation, and again for test
 
 
-def sweep(batch: int, dropout: float, lr: float, *extra: str) -> list[str]:
-    return [f"data.max_tokens={batch}", f"model.dropout={dropout}", f"optim.lr={lr}", *extra]
+def sweep(batch: int, dropout: float, lr: float, model: str = "tiny") -> list[str]:
+    return [f"model={model}", f"data.max_tokens={batch}", f"model.dropout={dropout}",
+            f"optim.lr={lr}"]
 
 
-# Hand-set arms: each sets the batch size, dropout and peak lr (and what else it names); the
-# warmup is 15% of the planned updates, at most 2,000, as in the plan.
+# Hand-set arms: each sets the model (Transformer-Tiny unless it says small), batch size,
+# dropout and peak lr; the warmup is 15% of the planned updates, at most 2,000, as in the plan.
 ARMS = {
     "default": [],
     "multi30k": ["experiment=multi30k"],
@@ -63,7 +64,8 @@ ARMS = {
     "batch_2k_d0.1_lr0.001": sweep(2048, 0.1, 0.001),
     "batch_2k_d0.1_lr0.003": sweep(2048, 0.1, 0.003),
     "batch_4k_d0.1": sweep(4096, 0.1, 0.003),
-    "small_1k_d0.1": sweep(1024, 0.1, 0.0007, "model=small"),
+    "small_1k_d0.1": sweep(1024, 0.1, 0.0007, model="small"),
+    "small_2k_d0.1": sweep(2048, 0.1, 0.001, model="small"),
 }
 PLANNED = ("default", "multi30k", "multi30k_preset")  # the arms that set nothing by hand
 # What every hand-set arm shares with the plan: warmup 15% of the planned updates (at most

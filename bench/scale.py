@@ -120,8 +120,8 @@ def corpus(args: argparse.Namespace, n: int) -> dict[str, Path]:
 
 
 def overrides(files: dict[str, Path], run_dir: Path) -> list[str]:
-    return ["data=files", *(f"data.{k}={v}" for k, v in files.items()),
-            f"hydra.run.dir={run_dir}"]
+    return ["data=files", *(f"data.{k}={v}" for k, v in files.items()), "model=tiny",
+            "data.max_tokens=4096", f"hydra.run.dir={run_dir}"]
 
 
 def prepare(files: dict[str, Path], run_dir: Path) -> dict[str, float]:

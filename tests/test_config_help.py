@@ -90,7 +90,7 @@ def test_help_shows_the_presets_and_where_hydras_options_are(capsys, tmp_path):
     lines = text.splitlines()
     assert lines[0].startswith("usage: transformer train ")
     assert lines[2] == "Train (or resume) a translation model; Hydra overrides as arguments."
-    assert "  model       base  big  small  tiny*" in lines
+    assert "  model       auto*  base  big  small  tiny" in lines
     assert any(line.startswith("  experiment  ") and "multi30k*" in line for line in lines)
     assert all(len(line) <= 100 for line in lines), max(lines, key=len)
     closing = " ".join(text.split("\n\n")[-1].split())
@@ -106,7 +106,7 @@ def test_help_shows_the_presets_and_where_hydras_options_are(capsys, tmp_path):
     text = command_help(capsys, "--config-dir", str(tmp_path / "my_configs"), "model=mini",
                         command="prepare-data")
     assert text.startswith("usage: transformer prepare-data ")
-    assert "  model       base  big  small  tiny  mini*" in text.splitlines()
+    assert "  model       auto  base  big  small  tiny  mini*" in text.splitlines()
     assert help_entries(text)["model.num_hiddens"][0] == "64"
 
 

@@ -106,8 +106,8 @@ def two_corpora(tmp_path, multi30k_dir) -> list[str]:
                f"filters:basic}}]")
     valid = (f"data.valid_sets=[{{name:first,src:{files['v.en']},tgt:{files['v.de']}}},"
              f"{{name:second,src:{files['v.de']},tgt:{files['v.de']}}}]")
-    return [f"data.root={multi30k_dir}", f"data.spm_model={spm}", "data.vocab_size=500",
-            "data.max_tokens=512", corpora, valid,
+    return ["model=tiny", f"data.root={multi30k_dir}", f"data.spm_model={spm}",
+            "data.vocab_size=500", "data.max_tokens=512", corpora, valid,
             "model.num_hiddens=32", "model.ffn_num_hiddens=64", "model.num_encoder_layers=1",
             "model.num_decoder_layers=1", "model.num_heads=2", "model.dropout=0.3",
             "optim.lr=0.002", "optim.warmup_updates=4", "optim.update_freq=2",

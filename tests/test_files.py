@@ -110,7 +110,8 @@ def test_full_disk_while_checkpointing_stops_training_with_one_line(
     from transformer import cli
 
     run = tmp_path / "run"
-    overrides = [f"data.root={multi30k_dir}", f"data.spm_model={multi30k_small_tokenizer_path}",
+    overrides = ["model=tiny", f"data.root={multi30k_dir}",
+                 f"data.spm_model={multi30k_small_tokenizer_path}",
                  "data.vocab_size=400", "data.max_train_pairs=100", "data.max_tokens=512",
                  "model.num_hiddens=32", "model.ffn_num_hiddens=64", "model.num_heads=2",
                  "model.num_encoder_layers=1", "model.num_decoder_layers=1",

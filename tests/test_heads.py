@@ -397,7 +397,8 @@ def test_validation_logs_attention_without_side_effects(tmp_path, multi30k_dir,
     from transformer.training import validation
 
     cfg = compose_config([
-        f"data.root={multi30k_dir}", f"data.spm_model={multi30k_small_tokenizer_path}",
+        "model=tiny", f"data.root={multi30k_dir}",
+        f"data.spm_model={multi30k_small_tokenizer_path}",
         "data.vocab_size=400",
         "data.max_train_pairs=50", "data.max_tokens=512", "model.num_hiddens=32",
         "model.ffn_num_hiddens=64", "model.num_heads=2", "model.num_encoder_layers=1",

@@ -179,7 +179,7 @@ def test_training_reads_the_tok_files_and_scores_them_as_they_are(tok_root, tmp_
     monkeypatch.setattr(validation.sacrebleu, "corpus_bleu", corpus_bleu)
     run = tmp_path / "run"
     cfg = compose_config([
-        "data=multi30k_tok", f"data.root={tok_root}", "data.vocab_size=400",
+        "data=multi30k_tok", "model=tiny", f"data.root={tok_root}", "data.vocab_size=400",
         "data.max_tokens=1024", "model.num_hiddens=32", "model.ffn_num_hiddens=64",
         "model.num_heads=2", "model.num_encoder_layers=1", "model.num_decoder_layers=1",
         "optim.warmup_updates=2", "optim.cooldown=0", "optim.warmup_fraction=null",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import shutil
+from dataclasses import replace
 from itertools import pairwise
 
 import pytest
@@ -15,7 +16,8 @@ from conftest import MULTI30K_EPOCH_TOKENS  # tests/conftest.py
 
 from transformer.errors import ConfigError
 from transformer.run import checkpoint as ckpt
-from transformer.run.compose import compose_config
+from transformer.run.compose import CONFIG_DIR, compose_config, model_preset
+from transformer.run.config import SHAPE
 from transformer.runtime import DistEnv
 from transformer.training.log import RunProgress
 from transformer.training.schedule import (
@@ -24,8 +26,10 @@ from transformer.training.schedule import (
     DEFAULT_MAX_TIME,
     DEFAULT_MAX_TOKENS,
     DROPOUT_ROWS,
+    MODEL_ROWS,
     Budget,
     Schedule,
+    batch_row,
     budget_settings,
     default_budget,
     dropout_for,
@@ -44,8 +48,8 @@ def small(multi30k_dir, spm_model) -> list[str]:
     """A run of a few seconds on a 2+2-layer d32 model, float32, a cooldown over the last
     20% of the budget (each test sets the budget)."""
     return [
-        f"data.root={multi30k_dir}", f"data.spm_model={spm_model}", "data.vocab_size=500",
-        "data.max_train_pairs=200", "data.max_tokens=512",
+        "model=tiny", f"data.root={multi30k_dir}", f"data.spm_model={spm_model}",
+        "data.vocab_size=500", "data.max_train_pairs=200", "data.max_tokens=512",
         "model.num_hiddens=32", "model.ffn_num_hiddens=64", "model.num_encoder_layers=2",
         "model.num_decoder_layers=2", "model.num_heads=2", "model.dropout=0.1",
         "optim.lr=0.002", "optim.warmup_updates=10", "optim.schedule=inverse_sqrt",
@@ -330,11 +334,63 @@ def test_the_log_explains_only_what_the_budget_chose():
         "tokens), lr 0.003 and a warmup of 15% of the planned updates (for budgets of "
         "20,000,000 to 61,000,000 target tokens)")
     cfg = compose_config(["data.max_tokens=1024"])
-    assert null_settings(cfg) == ["optim.lr", "model.dropout"]
+    assert null_settings(cfg) == ["model", "optim.lr", "model.dropout"]
+    assert null_settings(compose_config(["model=tiny", "model.dropout=0.1"])) == [
+        "data.max_tokens", "optim.lr"]
+    small = budget_settings(Budget(max_target_tokens=3_000_000), MULTI30K_EPOCH_TOKENS)
+    assert explain_settings(small, ["model", "optim.lr"]) == (
+        "the small model (for budgets under 5,500,000 target tokens), lr 0.0007 and a warmup "
+        "of 15% of the planned updates (for budgets under 5,500,000 target tokens)")
+
+
+@pytest.mark.parametrize("tokens, model, lr", [
+    (1_000_000, "small", 0.0007), (5_499_999, "small", 0.0007), (5_500_000, "tiny", 0.002),
+    (61_000_000, "tiny", 0.005)])
+def test_model_auto_trains_the_model_of_the_budget_at_its_share_of_the_peak(tokens, model, lr):
+    """Under model=auto (the default) a budget under 5.5M target tokens trains the small
+    model at half the batch row's peak lr, a larger one Transformer-Tiny at the row's; a
+    preset the config names is kept, at its own share of the peak (1 for a model the rows
+    do not name)."""
+    budget = Budget(max_target_tokens=tokens)
+    settings = budget_settings(budget, MULTI30K_EPOCH_TOKENS)
+    assert (settings.model, settings.lr) == (model, pytest.approx(lr))
+    row = batch_row(budget)
+    for named, share in (("tiny", 1.0), ("small", 0.5), ("base", 1.0)):
+        fixed = budget_settings(budget, MULTI30K_EPOCH_TOKENS, model=named)
+        assert (fixed.model, fixed.lr) == (None, pytest.approx(row.lr * share))
+
+
+def test_model_auto_becomes_the_preset_with_what_the_config_sets_on_top():
+    """fit_to_budget turns model=auto into the chosen preset, exactly as `model=NAME` composes
+    it, and keeps the fields set on top of auto; a named preset is never replaced. The
+    presets auto chooses set the shape and nothing else, so nothing set on top of auto is
+    lost."""
+    for row in MODEL_ROWS:
+        preset = (CONFIG_DIR / "model" / f"{row.model}.yaml").read_text(encoding="utf-8")
+        keys = {line.split(":")[0] for line in preset.splitlines() if line[:1].isalpha()}
+        assert keys == {"name", *SHAPE}, row.model
+    settings = budget_settings(Budget(max_target_tokens=3_000_000), MULTI30K_EPOCH_TOKENS)
+    auto = fit_to_budget(compose_config(["trainer.max_target_tokens=3000000"]), settings)
+    named = compose_config(["model=small", "model.dropout=0.1"])
+    assert auto.model == named.model == replace(model_preset("small"), dropout=0.1)
+    assert (auto.model.num_hiddens, auto.model.num_encoder_layers) == (256, 3)
+    over = fit_to_budget(compose_config(["trainer.max_target_tokens=3000000",
+                                         "model.norm_first=true", "model.num_heads=8",
+                                         "model.dropout=0.3"]), settings)
+    assert over.model == replace(named.model, norm_first=True, num_heads=8, dropout=0.3)
+    with pytest.raises(ConfigError, match=r"model.num_heads \(3\) must divide model.num_hiddens "
+                       r"\(256\)"):  # checked once the shape is known
+        fit_to_budget(compose_config(["model.num_heads=3"]), settings)
+    kept = fit_to_budget(compose_config(["trainer.max_target_tokens=3000000", "model=tiny"]),
+                         budget_settings(Budget(max_target_tokens=3_000_000),
+                                         MULTI30K_EPOCH_TOKENS, model="tiny"))
+    assert (kept.model.name, kept.model.num_hiddens, kept.optim.lr) == ("tiny", 128, 0.0014)
 
 
 def test_the_tables_grow_with_the_budget():
-    assert BATCH_ROWS[0].from_tokens == 0 and DROPOUT_ROWS[0][0] == 0
+    assert BATCH_ROWS[0].from_tokens == MODEL_ROWS[0].from_tokens == DROPOUT_ROWS[0][0] == 0
+    starts = [row.from_tokens for row in MODEL_ROWS]
+    assert starts == sorted(starts) and set(starts) <= {row.from_tokens for row in BATCH_ROWS}
     for key in ("from_tokens", "update_tokens", "lr"):
         values = [getattr(row, key) for row in BATCH_ROWS]
         assert values == sorted(values) and len(set(values)) == len(values), key
@@ -343,17 +399,20 @@ def test_the_tables_grow_with_the_budget():
 
 
 @pytest.mark.parametrize("tokens, settings", [
-    (5_500_000, ["data.max_tokens=2048", "model.dropout=0.1", "optim.lr=0.002",
+    (3_000_000, ["model=small", "data.max_tokens=1024", "model.dropout=0.1", "optim.lr=0.0007",
                  "optim.warmup_fraction=0.15"]),
-    (12_300_000, ["data.max_tokens=2048", "model.dropout=0.1", "optim.lr=0.002",
+    (5_500_000, ["model=tiny", "data.max_tokens=2048", "model.dropout=0.1", "optim.lr=0.002",
+                 "optim.warmup_fraction=0.15"]),
+    (12_300_000, ["model=tiny", "data.max_tokens=2048", "model.dropout=0.1", "optim.lr=0.002",
                   "optim.warmup_fraction=0.15"]),
-    (20_000_000, ["data.max_tokens=4096", "model.dropout=0.2", "optim.lr=0.003",
+    (20_000_000, ["model=tiny", "data.max_tokens=4096", "model.dropout=0.2", "optim.lr=0.003",
                   "optim.warmup_fraction=0.15"]),
-    (61_000_000, ["data.max_tokens=8192", "model.dropout=0.3", "optim.lr=0.005"]),
+    (61_000_000, ["model=tiny", "data.max_tokens=8192", "model.dropout=0.3", "optim.lr=0.005"]),
 ])
 def test_the_recipe_at_a_token_budget_is_the_run_measured_there(tokens, settings):
     """On Multi30k the plan is the runs of docs/results.md ("Quality by budget": bench/budget.py's
-    small_2k and mid_4k arms, Wu et al.'s settings; the 30-minute command's 12.3M tokens):
+    small_2k and mid_4k arms, Wu et al.'s settings; the 30-minute command's 12.3M tokens;
+    bench/own_data.py's small_1k_d0.1 arm at 3M, "Your own data"):
     the recipe filled in at their budgets is the config those runs trained with, key for
     key."""
     recipe = compose_config([f"trainer.max_target_tokens={tokens}"])
@@ -416,14 +475,14 @@ def test_a_time_budget_measures_the_speed_then_keeps_its_settings_when_resumed(
     speed = measured._tokens_per_second
     assert speed > 0 and measured.state.train_time > 0
     assert measured.budget_settings == budget_settings(Budget.of(cfg), measured.epoch_tokens,
-                                                       speed)
+                                                       speed, model="tiny")
     assert f"{speed:,.0f} target tokens/s measured" in caplog.text
 
     monkeypatch.setattr(Trainer, "_measure_speed", lambda self, cfg: 1e6)  # 300M tokens
     first = simulated_trainer(cfg, tmp_path / "b", slows_down, stop_after=40)
     assert first.fit().stop_reason == "signal"
     first.close()
-    large = budget_settings(Budget.of(cfg), first.epoch_tokens, 1e6)
+    large = budget_settings(Budget.of(cfg), first.epoch_tokens, 1e6, model="tiny")
     assert (large.update_tokens, large.dropout) == (BATCH_ROWS[-1].update_tokens,
                                                     DROPOUT_ROWS[-1][1])
     assert first.budget_settings == large
@@ -548,8 +607,11 @@ def test_own_files_with_no_limit_train_for_the_default_budget_and_say_when_they_
     assert 100 < vocab < 1000  # 40 pairs: the largest vocabulary SentencePiece can build
     settings = next(line for line in log_text.splitlines() if "settings for a budget" in line)
     assert "dropout 0.2 (for 40 to 125 epochs)" in settings  # 100 epochs
-    assert "batches of 1,024 tokens an update" in settings and "lr 0.0014 and a warmup" in settings
-    assert "(data.max_tokens, optim.lr, model.dropout null in the config" in settings
+    assert "batches of 1,024 tokens an update" in settings and "lr 0.0007 and a warmup" in settings
+    assert "the small model (for budgets under 5,500,000 target tokens)" in settings
+    assert "(model=auto, data.max_tokens, optim.lr, model.dropout in the config" in settings
+    model = next(line for line in log_text.splitlines() if "| model small: " in line)
+    assert "num_hiddens=32, ffn_num_hiddens=64, num_heads=2, num_encoder_layers=1" in model
     plans = [line for line in log_text.splitlines() if "| plan: " in line]
     assert plans[0].split("| plan: ")[1].startswith("at update 10, budget ")
     assert "to go, ending about" in plans[0] and len(plans) <= 3

@@ -46,8 +46,8 @@ def small(multi30k_dir, spm_model) -> list[str]:
     that has it), and the recipe's schedule shortened to fit, not fitted to the budget
     (test_schedule.py tests that)."""
     return [
-        f"data.root={multi30k_dir}", f"data.spm_model={spm_model}", "data.vocab_size=500",
-        "data.max_train_pairs=300", "data.max_tokens=1024",
+        "model=tiny", f"data.root={multi30k_dir}", f"data.spm_model={spm_model}",
+        "data.vocab_size=500", "data.max_train_pairs=300", "data.max_tokens=1024",
         "model.num_hiddens=64", "model.ffn_num_hiddens=128", "model.num_encoder_layers=2",
         "model.num_decoder_layers=2", "model.dropout=0.3",
         "optim.lr=0.002", "optim.warmup_updates=10", "optim.cooldown_updates=0",

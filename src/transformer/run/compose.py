@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from .config import TrainConfig
+from .config import ModelSettings, TrainConfig
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-__all__ = ["CONFIG_DIR", "register_configs", "load_config", "compose_config", "override_error",
-           "SchemaKey", "schema_keys", "unknown_key_error"]
+__all__ = ["CONFIG_DIR", "register_configs", "model_preset", "load_config", "compose_config",
+           "override_error", "SchemaKey", "schema_keys", "unknown_key_error"]
 
 # The package data: config.yaml and the groups' presets.
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -275,6 +275,19 @@ def _missing_preset_error(error: Exception) -> ConfigError:
     hint = f"; did you mean {group}={close[0]}?" if close else ""
     return ConfigError(f"{where}{group}={name} is not a preset{hint} (the presets of {group}: "
                        f"{', '.join(options)})")
+
+
+def model_preset(name: str, over: ModelSettings | None = None) -> ModelSettings:
+    """The model preset configs/model/NAME.yaml (it sets the shape, `config.SHAPE`), and
+    on top of it every key of `over` (a `model=auto` group) that is not null: what the user
+    set is kept."""
+    from omegaconf import OmegaConf
+
+    values = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "model" / f"{name}.yaml"))
+    if over is not None:
+        values |= {f.name: getattr(over, f.name) for f in dataclasses.fields(ModelSettings)
+                   if f.name != "name" and getattr(over, f.name) is not None}
+    return ModelSettings(**values)
 
 
 def compose_config(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -> TrainConfig:

@@ -30,12 +30,16 @@ from .values import check, is_finite, is_int, known_fields
 if TYPE_CHECKING:
     pass
 
-__all__ = ["ModelSettings", "OptimConfig", "TrainerConfig", "TrainConfig", "DecodingSettings"]
+__all__ = ["AUTO_MODEL", "SHAPE", "ModelSettings", "OptimConfig", "TrainerConfig", "TrainConfig",
+           "DecodingSettings"]
 
 
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("inverse_sqrt", "constant")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+AUTO_MODEL = "auto"  # model=auto: the budget chooses the model preset (schedule.MODEL_ROWS)
+SHAPE = ("num_hiddens", "ffn_num_hiddens", "num_heads", "num_encoder_layers",
+         "num_decoder_layers")  # the keys a model preset sets (configs/model/*.yaml)
 
 
 @dataclass
@@ -43,10 +47,19 @@ class ModelSettings(Hyperparameters):
     """The `model` group: a preset's name and the architecture (`transformer.Hyperparameters`,
     the one place where each architectural hyperparameter and its default are defined).
     Vocabulary sizes come from the tokenizer and `share_embeddings` from `data.joint_vocab`
-    at run time (see `to_model_config`)."""
+    at run time (see `to_model_config`). Under `model=auto` the shape (`SHAPE`) is null
+    until the budget chooses the preset."""
 
+    num_hiddens: int | None = Hyperparameters.num_hiddens
+    ffn_num_hiddens: int | None = Hyperparameters.ffn_num_hiddens
+    num_heads: int | None = Hyperparameters.num_heads
+    num_encoder_layers: int | None = Hyperparameters.num_encoder_layers
+    num_decoder_layers: int | None = Hyperparameters.num_decoder_layers
     name: str = "base"
-    """The preset's name (configs/model/NAME.yaml), as the training log reports it."""
+    """The preset's name (configs/model/NAME.yaml), as the training log reports it; `auto`
+    (model=auto, the default preset): the budget chooses the preset (`schedule.MODEL_ROWS`)
+    and fills in the shape keys that are null (num_hiddens, ffn_num_hiddens, num_heads,
+    num_encoder_layers, num_decoder_layers); a key set on top of auto is kept."""
     dropout: float | None = None
     """Dropout on the embeddings (with their positions) and on each sublayer's output before
     its residual connection; null: chosen by the budget (`schedule.DROPOUT_ROWS`)."""
@@ -56,9 +69,22 @@ class ModelSettings(Hyperparameters):
 
     def validate(self) -> None:
         """ModelConfig's own checks (they name `model.<field>`); a null dropout is checked
-        when the budget fills it in."""
-        settings = self if self.dropout is not None else dataclasses.replace(self, dropout=0.0)
-        settings.to_model_config(src_vocab_size=8, tgt_vocab_size=8, share_embeddings=True)
+        when the budget fills it in, and so is a null shape key, which only model=auto
+        leaves to it."""
+        unset = [key for key in SHAPE if getattr(self, key) is None]
+        if unset and self.name != AUTO_MODEL:
+            raise ConfigError(f"model.{unset[0]} is null, which only model={AUTO_MODEL} leaves "
+                              f"to the budget; set it, or choose model={AUTO_MODEL}")
+        filled = {key: getattr(Hyperparameters, key) for key in unset}
+        heads = self.num_heads  # must divide the width: checked once both are known
+        if "num_heads" in filled:
+            filled["num_heads"] = 1
+        if "num_hiddens" in filled and isinstance(heads, int) and heads > 0:
+            filled["num_hiddens"] = 64 * heads
+        if self.dropout is None:
+            filled["dropout"] = 0.0
+        ModelConfig(src_vocab_size=8, tgt_vocab_size=8, share_embeddings=True,
+                    **(_architecture(self) | filled))
 
     def to_model_config(self, src_vocab_size: int, tgt_vocab_size: int,
                         share_embeddings: bool,

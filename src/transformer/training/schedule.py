@@ -43,7 +43,9 @@ twice (`DROPOUT_ROWS`, by epochs: the target tokens the budget allows over those
 epoch). Where the config leaves `data.max_tokens`, `model.dropout` or `optim.lr` null (the
 presets do), the trainer fills them in (for a time budget, at the speed it measures before
 the first update), logs the choice and why, and keeps it when resumed (`fit_to_budget`). A
-value given in the config is kept. The vocabulary size follows the corpus the same way
+value given in the config is kept. The model follows the budget too (`MODEL_ROWS`): under
+`model=auto`, the default, a small budget trains the small model at half the peak lr, a
+larger one Transformer-Tiny. The vocabulary size follows the corpus the same way
 (`run/tokenizers.vocab_size_for`).
 """
 
@@ -58,10 +60,12 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from ..data.mixture import Mixture
-from ..run.config import TrainConfig
+from ..run.compose import model_preset
+from ..run.config import AUTO_MODEL, TrainConfig
 from .log import format_duration
 
-__all__ = ["Budget", "BatchRow", "BATCH_ROWS", "DROPOUT_ROWS", "BudgetSettings", "Plan",
+__all__ = ["Budget", "BatchRow", "BATCH_ROWS", "DROPOUT_ROWS", "ModelRow", "MODEL_ROWS",
+           "model_row", "lr_scale", "BudgetSettings", "Plan",
            "Schedule", "batch_row", "dropout_for", "budget_settings", "explain_settings",
            "default_budget",
            "with_budget", "run_budget", "epoch_tokens", "epoch_limit_note",
@@ -202,6 +206,26 @@ BATCH_ROWS = (
 # budget" and "Your own data").
 DROPOUT_ROWS = ((0.0, 0.1), (40.0, 0.2), (125.0, 0.3))
 
+
+@dataclass(frozen=True)
+class ModelRow:
+    """A model preset (configs/model/NAME.yaml) and the share of `BATCH_ROWS`' peak lr it
+    trains at, for budgets from `from_tokens` target tokens on."""
+
+    from_tokens: int  # the smallest budget (target tokens) this row is for
+    model: str
+    lr_scale: float  # the peak lr: the batch row's times this
+
+
+# The model follows the target tokens of the budget (under model=auto): at a few million
+# target tokens the small model learns more from the same tokens than Transformer-Tiny, at
+# half the peak lr; from 5.5M on, Transformer-Tiny is Wu et al.'s recipe (docs/results.md,
+# "Quality by budget" and "Your own data").
+MODEL_ROWS = (
+    ModelRow(0, "small", lr_scale=0.5),
+    ModelRow(5_500_000, "tiny", lr_scale=1.0),
+)
+
 # The budget of a run that sets no limit (trainer.max_updates, max_target_tokens and max_time
 # all null): DEFAULT_EPOCHS passes over its corpus, at most the recipe's 61M target tokens
 # (Wu et al.'s budget) and at most DEFAULT_MAX_TIME seconds, whichever comes first.
@@ -221,6 +245,7 @@ class BudgetSettings:
     lr: float
     warmup_fraction: float | None
     epochs: float | None = None  # the passes over the corpus the budget was expected to make
+    model: str | None = None  # the model preset chosen (`MODEL_ROWS`); None: the config's
 
 
 def batch_row(budget: Budget, tokens_per_second: float | None = None) -> BatchRow:
@@ -234,40 +259,68 @@ def batch_row(budget: Budget, tokens_per_second: float | None = None) -> BatchRo
     return BATCH_ROWS[0]
 
 
+def model_row(expected_tokens: float | None) -> ModelRow:
+    """The row of `MODEL_ROWS` for a budget of `expected_tokens` target tokens (None: no
+    limit in tokens, the last row)."""
+    return next(row for row in reversed(MODEL_ROWS)
+                if expected_tokens is None or expected_tokens >= row.from_tokens)
+
+
+def lr_scale(model: str) -> float:
+    """The share of `BATCH_ROWS`' peak lr that the model preset `model` trains at: its
+    `MODEL_ROWS` entry's, else 1 (the rows' lr were measured on Transformer-Tiny)."""
+    return next((row.lr_scale for row in MODEL_ROWS if row.model == model), 1.0)
+
+
 def dropout_for(epochs: float) -> float:
     """The dropout of `DROPOUT_ROWS` for a budget of `epochs` passes over the corpus."""
     return next(dropout for start, dropout in reversed(DROPOUT_ROWS) if epochs >= start)
 
 
-def budget_settings(budget: Budget, epoch_tokens: int,
-                    tokens_per_second: float | None = None) -> BudgetSettings:
+def budget_settings(budget: Budget, epoch_tokens: int, tokens_per_second: float | None = None,
+                    model: str = AUTO_MODEL) -> BudgetSettings:
     """The settings for `budget` on a corpus of `epoch_tokens` target tokens an epoch: the
-    batch size and peak lr by the tokens the budget allows (`batch_row`), the dropout by the
-    epochs they make (`dropout_for`; a budget without a limit in tokens: the last row)."""
+    batch size and peak lr by the tokens the budget allows (`batch_row`), the model preset
+    by them too where `model` (the config's preset) is `auto` (`model_row`), the peak lr
+    scaled for the model (`lr_scale`), the dropout by the epochs they make (`dropout_for`;
+    a budget without a limit in tokens: the last row)."""
     row = batch_row(budget, tokens_per_second)
     expected = budget.expected_tokens(row.update_tokens, tokens_per_second)
+    chosen = model_row(expected).model if model == AUTO_MODEL else None
     epochs = None if expected is None else expected / max(epoch_tokens, 1)
     dropout = DROPOUT_ROWS[-1][1] if epochs is None else dropout_for(epochs)
-    return BudgetSettings(row.from_tokens, row.update_tokens, dropout, row.lr,
-                          row.warmup_fraction, epochs)
+    return BudgetSettings(row.from_tokens, row.update_tokens, dropout,
+                          row.lr * lr_scale(chosen or model), row.warmup_fraction, epochs,
+                          chosen)
 
 
 def explain_settings(settings: BudgetSettings, keys: list[str]) -> str:
-    """What `budget_settings` chose for the config's null `keys` (`null_settings`), and by
+    """What `budget_settings` chose for the config's open `keys` (`null_settings`), and by
     which row of which table."""
-    above = [row.from_tokens for row in BATCH_ROWS if row.from_tokens > settings.from_tokens]
-    tokens = (f"budgets of {settings.from_tokens:,} to {above[0]:,} target tokens" if above
-              else f"budgets from {settings.from_tokens:,} target tokens")
+    tokens = _tokens_span([row.from_tokens for row in BATCH_ROWS], settings.from_tokens)
+    model_from = next((row.from_tokens for row in MODEL_ROWS if row.model == settings.model), 0)
     reasons = {
+        "model": f"the {settings.model} model (for "
+                 f"{_tokens_span([row.from_tokens for row in MODEL_ROWS], model_from)})",
         "data.max_tokens": f"batches of {settings.update_tokens:,} tokens an update (for "
                            f"{tokens})",
-        "optim.lr": f"lr {settings.lr} and " + (
+        "optim.lr": f"lr {settings.lr:g} and " + (
             f"a warmup of {settings.warmup_fraction:.0%} of the planned updates"
             if settings.warmup_fraction else "the configured warmup") + f" (for {tokens})",
         "model.dropout": f"dropout {settings.dropout}" + (
             "" if settings.epochs is None else f" (for {_epochs_row(settings.epochs)})"),
     }
     return ", ".join(reasons[key] for key in keys)
+
+
+def _tokens_span(starts: list[int], start: int) -> str:
+    """The budgets of the table row starting at `start` (of rows starting at `starts`), in
+    words."""
+    above = [s for s in starts if s > start]
+    if not above:
+        return f"budgets from {start:,} target tokens"
+    return (f"budgets under {above[0]:,} target tokens" if start == 0 else
+            f"budgets of {start:,} to {above[0]:,} target tokens")
 
 
 def _epochs_row(epochs: float) -> str:
@@ -293,11 +346,12 @@ def with_budget(cfg: TrainConfig, budget: Budget) -> TrainConfig:
 
 
 def null_settings(cfg: TrainConfig) -> list[str]:
-    """The settings the config leaves to the budget: those of `data.max_tokens`,
-    `optim.lr` and `model.dropout` that are null."""
+    """The settings the config leaves to the budget: `model` where it is `auto`, and those
+    of `data.max_tokens`, `optim.lr` and `model.dropout` that are null."""
     values = {"data.max_tokens": cfg.data.max_tokens, "optim.lr": cfg.optim.lr,
               "model.dropout": cfg.model.dropout}
-    return [key for key, value in values.items() if value is None]
+    return (["model"] if cfg.model.name == AUTO_MODEL else []) + [
+        key for key, value in values.items() if value is None]
 
 
 def epoch_tokens(train: Mixture, seed: int) -> int:
@@ -355,8 +409,9 @@ def describe_settings(budget: Budget, settings: BudgetSettings,
             + " target tokens expected"
             + ("" if settings.epochs is None else
                f", {settings.epochs:,.1f} epochs of {epoch_tokens:,}")
-            + f"): {explain_settings(settings, keys)} ({', '.join(keys)} null in the config; "
-            f"set {'it' if len(keys) == 1 else 'them'} to choose)")
+            + f"): {explain_settings(settings, keys)} ("
+            + ", ".join(f"{key}={AUTO_MODEL}" if key == "model" else key for key in keys)
+            + f" in the config; set {'it' if len(keys) == 1 else 'them'} to choose)")
 
 
 def needs_budget_settings(cfg: TrainConfig) -> bool:
@@ -366,20 +421,24 @@ def needs_budget_settings(cfg: TrainConfig) -> bool:
 
 def probe_settings() -> BudgetSettings:
     """The settings a time budget's speed is measured at, before it chooses its own: the
-    smallest batches (the fewest tokens per second: an estimate on the safe side)."""
+    smallest batches and the first model row's model (the fewest tokens per second: an
+    estimate on the safe side)."""
     row = BATCH_ROWS[0]
     return BudgetSettings(row.from_tokens, row.update_tokens, DROPOUT_ROWS[0][1], row.lr,
-                          row.warmup_fraction)
+                          row.warmup_fraction, model=MODEL_ROWS[0].model)
 
 
 def fit_to_budget(cfg: TrainConfig, settings: BudgetSettings, world_size: int = 1) -> TrainConfig:
     """`cfg` with its null settings taken from `settings`: the batch per rank and
     accumulation step (`update_tokens` split over them, at least `data.max_len`), the dropout,
     and the peak lr with its warmup share (the warmup protects that peak, so they go
-    together; a share the config gives is kept)."""
+    together; a share the config gives is kept), and under `model=auto` the chosen model
+    preset, with the fields the config sets on top of `auto` (`compose.model_preset`)."""
     per_batch = max(cfg.data.max_len,
                     settings.update_tokens // (world_size * cfg.optim.update_freq))
     data, model, optim = cfg.data, cfg.model, cfg.optim
+    if model.name == AUTO_MODEL:
+        model = model_preset(settings.model, over=model)
     if data.max_tokens is None:
         data = replace(data, max_tokens=per_batch)
     if model.dropout is None:

@@ -50,7 +50,7 @@ from ..model.loss import LabelSmoothedLoss
 from ..model.transformer import ModelConfig, Transformer
 from ..run import checkpoint as ckpt
 from ..run.compose import load_config
-from ..run.config import ModelSettings, TrainConfig
+from ..run.config import AUTO_MODEL, ModelSettings, TrainConfig
 from ..run.data import load_data_on_ranks
 from ..runtime import (
     DistEnv,
@@ -172,12 +172,15 @@ class Trainer:
         """`cfg` with what the corpus and the budget choose filled in, each choice logged:
         the vocabulary size (SentencePiece trained by then), the budget
         (`schedule.run_budget`), the batch size, dropout and peak lr
-        (`_choose_budget_settings`); and a note when `trainer.max_epochs` comes first."""
+        (`_choose_budget_settings`), the model under `model=auto`; and a note when
+        `trainer.max_epochs` comes first."""
         if cfg.data.vocab_size is None:
             cfg = replace(cfg, data=replace(cfg.data,
                                             vocab_size=self.data.tokenizers.src.vocab_size))
         self.epoch_tokens = epoch_tokens(self.data.train, cfg.data.seed)
         trained = resume and ckpt.stored_training_config(resume[1], resume[0])
+        if trained and cfg.model.name == AUTO_MODEL:  # the model the run chose, resumed
+            cfg = replace(cfg, model=trained.model)
         cfg = run_budget(cfg, self.epoch_tokens, trained or None)
         started, self._probe_seconds = time.monotonic(), 0.0
         if needs_budget_settings(cfg):
@@ -210,7 +213,8 @@ class Trainer:
         if self.env.is_main:
             self._tokens_per_second = (self._measure_speed(cfg) * self.env.world_size
                                        if budget.max_time is not None else None)
-            box = [budget_settings(budget, self.epoch_tokens, self._tokens_per_second)]
+            box = [budget_settings(budget, self.epoch_tokens, self._tokens_per_second,
+                                   cfg.model.name)]
         if self.env.distributed:
             dist.broadcast_object_list(box, src=0)
         return box[0]
