@@ -2,7 +2,7 @@
 # Train a translation model on your own parallel files, translate a test set with it and
 # score the translations: the whole path, on the small English-German corpus in data/.
 #
-#   bash examples/own_data/run.sh                      # the default budget (7 minutes on 2 cores of a Xeon with AMX)
+#   bash examples/own_data/run.sh                      # the default budget (8 minutes on 2 cores of a Xeon with AMX)
 #   bash examples/own_data/run.sh trainer.max_time=120 # any training override: 2 minutes
 #
 # Replace the six files of data/ by yours: UTF-8 text, one sentence per line, the source
