@@ -5,6 +5,8 @@ the same model, and with the same output?
                             [--sentences 1000] [--join 1] [--repeats 3] [--rounds 2]
                             [--profile] [--baseline-src DIR] [--rows "torch" "ct2 float32" ...]
                             [--ct2-once] [--isa AVX2|AVX512]
+    python bench/engines.py --lines 1 10 100 1000 [--threads 1 2] [--rows torch "ct2 float32"
+                            "torch int8" "ct2 int8"]
 
 Our PyTorch engine (float32, and int8: `quantize="int8"`) against CTranslate2 float32 and
 int8 exports of the same model, each also with a vocabulary map (counted in Multi30k's
@@ -49,6 +51,15 @@ only it would run: this machine's clock and caches, another CPU's kernels.
 `--profile` also prints where our engine's time goes (torch.profiler, operators by self CPU
 time, at the smallest thread count: the least disturbed by other processes), how many
 decoding steps ran over how many rows, and the fixed cost of a step (one input alone).
+
+`--lines 1 10 100 1000`: translation at every size instead, as requests of N lines arrive
+(a sentence typed into the server's page, a paragraph, a document): the test set's lines cut
+into consecutive requests of N lines, each translated by its own `translate` call, in a
+fresh process per size, thread count and row, after a warm-up (at most `SIZE_LINES` lines a
+pass below that size, so one line is ~200 calls; the best of --repeats passes). Reported per
+size: sentences/s over the pass, and the median and 95th percentile of a call's latency;
+below the table, ours against CTranslate2 at each size and thread count, against the
+targets of `SIZE_TARGETS` (float32) and `INT8_SIZE_TARGETS`.
 Needs `ctranslate2` (pip install -e '.[export]').
 """
 
@@ -58,6 +69,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -76,6 +88,7 @@ from timing import (
     profiled,
     ratio_summary,
     reset_peak_rss,
+    timed,
     timed_passes,
 )
 
@@ -110,6 +123,11 @@ FLOAT32 = ("ct2 float32", "ct2 float32 + vmap")
 # every thread count, and (float32) the same output on at least MIN_IDENTICAL of the inputs
 COMPARED = {"torch": "ct2 float32", QUANTIZED: "ct2 int8"}
 MIN_RATIO, MIN_IDENTICAL = 0.8, 0.99
+# --lines: a pass translates at most this many lines in requests of N (one request of N where
+# N is larger); ours against CTranslate2's sentences/s at each request size, at least:
+SIZE_LINES = 200
+SIZE_TARGETS = {1: 0.5, 10: 0.7, 100: 0.85}  # and 0.85 above 100 lines
+INT8_SIZE_TARGETS = {1: 0.7, 10: 0.7, 100: 0.85}
 INT8_MAX_BLEU_DROP, INT8_MAX_SIZE = 0.5, 0.30
 FLOAT32_MAX_BLEU_DIFF = 0.2
 
@@ -176,11 +194,29 @@ def child(args: argparse.Namespace) -> None:
     lines = inputs(args, "en")
     options = {"max_tokens": max_tokens(args), **mode_options(mode)}
     translator.translate(lines[:8], **options)  # warm-up
+    if args.size:
+        print(json.dumps(requests_timed(translator, lines, args.size, options, args.repeats)))
+        return
     reset_peak_rss()
     seconds, hyps = timed_passes(lambda: translator.translate(lines, **options), args.repeats)
     tokens = sum(len(ids) + 1 for ids in translator.tokenizers.tgt.encode_batch(hyps))
     print(json.dumps({"seconds": min(seconds), "first_seconds": seconds[0],
                       "tokens": tokens, "hyps": hyps, "peak_rss_mib": peak_rss_mib()}))
+
+
+def requests_timed(translator, lines: list[str], size: int, options: dict,
+                   repeats: int) -> dict:
+    """`lines` cut into consecutive requests of `size` lines (at most `SIZE_LINES` lines, or
+    one request), each translated by one call, `repeats` passes -> the best pass's seconds,
+    its lines, and each of its calls' seconds."""
+    requests = [lines[i:i + size] for i in range(0, max(size, SIZE_LINES), size)]
+    requests = [r for r in requests if len(r) == size] or [lines[:size]]
+    best: list[float] | None = None
+    for _ in range(repeats):
+        calls = [timed(lambda r=r: translator.translate(r, **options))[0] for r in requests]
+        if best is None or sum(calls) < sum(best):
+            best = calls
+    return {"seconds": sum(best), "lines": size * len(requests), "calls": best}
 
 
 def run(name: str, model: str, threads: int, args: argparse.Namespace) -> dict:
@@ -189,7 +225,8 @@ def run(name: str, model: str, threads: int, args: argparse.Namespace) -> dict:
            str(threads), "--data-root", args.data_root, "--sentences", str(args.sentences),
            "--join", str(args.join), "--repeats", str(args.repeats),
            *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else []),
-           *(["--ct2-once"] if args.ct2_once else [])]
+           *(["--ct2-once"] if args.ct2_once else []),
+           *(["--size", str(args.size)] if args.size else [])]
     env = dict(os.environ)
     if name == BASELINE:  # that package first on the path, ahead of the installed one
         env["PYTHONPATH"] = os.pathsep.join([str(Path(args.baseline_src) / "src"),
@@ -276,8 +313,12 @@ def parse_args() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
                         help="CTranslate2 rows search each batch once, as CTranslate2 itself "
                              "does, without the engine's second search of sentences past "
                              "their own length limit")
+    parser.add_argument("--lines", type=int, nargs="+", metavar="N",
+                        help="translation at every size: requests of N lines (e.g. 1 10 100 "
+                             "1000), ours against CTranslate2, with each call's latency")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     return parser, parser.parse_args()
 
 
@@ -364,6 +405,43 @@ def print_quality_checks(bleu: dict, sizes: dict[str, int], rows: list[str], top
                   f"{INT8_MAX_SIZE:.0%} of {what}: {share:.1%}")
 
 
+def sizes_main(args: argparse.Namespace, rows: list[str], models: dict[str, str]) -> None:
+    """`--lines`: every row at every request size and thread count, --rounds times over,
+    each in a fresh process -> the table of sentences/s and call latencies, and ours
+    against CTranslate2 at each size (`SIZE_TARGETS`, `INT8_SIZE_TARGETS`)."""
+    best: dict[tuple[int, int, str], dict] = {}
+    for _ in range(args.rounds):
+        for size in args.lines:
+            for threads in args.threads:
+                for row in rows:
+                    r = run(row, models[engine_of(row)], threads,
+                            argparse.Namespace(**{**vars(args), "size": size}))
+                    key = (size, threads, row)
+                    if key not in best or r["seconds"] < best[key]["seconds"]:
+                        best[key] = r
+    print(f"{'lines':>6}{'threads':>8}  {'row':<14}{'sent/s':>9}{'median ms':>11}"
+          f"{'p95 ms':>9}{'calls':>7}")
+    speed = {}
+    for (size, threads, row), r in best.items():
+        calls = sorted(r["calls"])
+        speed[size, threads, row] = r["lines"] / r["seconds"]
+        print(f"{size:>6}{threads:>8}  {row:<14}{speed[size, threads, row]:>9.1f}"
+              f"{1000 * statistics.median(calls):>11.1f}"
+              f"{1000 * calls[min(len(calls) - 1, math.ceil(0.95 * len(calls)) - 1)]:>9.1f}"
+              f"{len(calls):>7}")
+    for ours, theirs in COMPARED.items():
+        targets = SIZE_TARGETS if ours == "torch" else INT8_SIZE_TARGETS
+        for size in args.lines:
+            for threads in args.threads:
+                if (size, threads, ours) not in speed or (size, threads, theirs) not in speed:
+                    continue
+                ratio = speed[size, threads, ours] / speed[size, threads, theirs]
+                target = targets.get(size, targets[max(targets)])
+                print(f"{'PASS' if ratio >= target else 'FAIL'}  {ours} >= {target:g}x "
+                      f"{theirs}, requests of {size} line(s), {threads} thread(s): "
+                      f"{ratio:.2f}x")
+
+
 def main() -> None:
     parser, args = parse_args()
     hold_to_isa(args.isa)
@@ -378,13 +456,17 @@ def main() -> None:
           f"({translator.model.num_parameters():,} parameters); {len(refs)} inputs of "
           f"{args.join} line(s) of test_2016_flickr, beam 5, alpha {translator.decoding.alpha:g}")
     print(cpu_description())
-    rows = args.rows or [*ROWS, *([BASELINE] if args.baseline_src else [])]
+    rows = args.rows or (["torch", "ct2 float32"] if args.lines else
+                         [*ROWS, *([BASELINE] if args.baseline_src else [])])
     if BASELINE in rows and not args.baseline_src:
         parser.error(f"the row {BASELINE!r} needs --baseline-src")
     rows = ["torch", *(row for row in rows if row != "torch")]  # the reference, always
     with tempfile.TemporaryDirectory() as tmp:
         models, map_note = export_rows(args.checkpoint, translator, rows,
                                        Path(args.data_root).expanduser(), Path(tmp))
+        if args.lines:
+            sizes_main(args, rows, models)
+            return
         sizes = {row: model_size(models, row) for row in rows}
         results, seconds = run_rounds(rows, models, args)
     bleu = {key: sacrebleu.corpus_bleu(r["hyps"], [refs]).score for key, r in results.items()}

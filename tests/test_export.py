@@ -18,6 +18,7 @@ import sacrebleu
 import torch
 from outputs import scored
 
+from transformer import hardware
 from transformer.cli import export as export_command
 from transformer.cli import translate as translate_command
 from transformer.cli.reports import translate_lines
@@ -308,6 +309,30 @@ def test_translate_script_engines_write_the_same_lines(checkpoint, exports, test
     assert len(outputs["torch"]) == len(lines) + 1
     assert outputs["ctranslate2"] == outputs["torch"]
     assert outputs["torch"][3:5] == ["", ""]
+
+
+def test_our_engine_keeps_its_threads_beside_a_ctranslate2_model(checkpoint, exports,
+                                                                  test_text):
+    """Loading a CTranslate2 model sets the OpenMP thread count that PyTorch shares to 1 (with
+    the wheels of today); our translator, made at 2 threads, still searches at 2 (two
+    engines in one process keep their own settings), gives the same translations, and
+    leaves the process's count as it found it."""
+    lines = test_text[0][:3]
+    with hardware.threads_set_to(2):
+        ours = Translator.load(checkpoint, device="cpu")
+        alone = ours.translate(lines)
+        load_translator(exports["float32"], "ctranslate2", device="cpu", threads=2)
+        beside = torch.get_num_threads()
+        seen: list[int] = []
+        hook = ours.model.encoder.register_forward_pre_hook(
+            lambda module, args: seen.append(torch.get_num_threads()))
+        try:
+            assert ours.translate(lines) == alone
+        finally:
+            hook.remove()
+        assert torch.get_num_threads() == beside
+    assert ours.threads == 2 and seen and set(seen) == {2}
+    assert Translator.load(checkpoint, device="cpu", threads=3).threads == 3
 
 
 def test_translate_lines_accepts_either_engine(ct2, torch_translator, test_text):

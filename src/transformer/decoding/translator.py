@@ -34,6 +34,7 @@ from typing import Any, ClassVar, Union
 
 import torch
 
+from .. import hardware
 from ..data.batching import sorted_batches
 from ..data.store import ParallelCorpus
 from ..data.tokenizer import TokenizerPair
@@ -382,6 +383,11 @@ class Translator(BaseTranslator):
     (alpha and beam size chosen on validation data), else `DecodingSettings()`. `quantize`
     "int8" decodes with a copy of `model` whose linear layers are int8
     (`int8.quantize_int8`; CPU only, `check_quantize`); None keeps it float32.
+
+    `threads`: the CPU threads its searches compute with; None: the process's count when the
+    translator is made. Each search pins that count for its duration and restores the
+    process's after it, so another engine in the same process (loading a CTranslate2 model
+    sets the OpenMP thread count PyTorch shares to 1) does not change ours.
     """
 
     engine: ClassVar[str] = "torch"
@@ -392,9 +398,10 @@ class Translator(BaseTranslator):
                  device: str | torch.device = "cpu", *,
                  decoding: DecodingSettings = DecodingSettings(),
                  training_config: TrainConfig | None = None,
-                 quantize: str | None = None):
+                 quantize: str | None = None, threads: int | None = None):
         super().__init__(tokenizers, decoding=decoding,
                          training_config=training_config)
+        self.threads = threads or torch.get_num_threads()
         self.device = resolve_device(device)
         check_quantize(quantize, self.device)
         self.quantize = quantize
@@ -415,11 +422,12 @@ class Translator(BaseTranslator):
     @classmethod
     def load(cls, checkpoint: PathLike | Sequence[PathLike],
              device: str | torch.device = "auto", *,
-             quantize: str | None = None) -> Translator:
+             quantize: str | None = None, threads: int | None = None) -> Translator:
         """Load a checkpoint file or run directory; several are averaged: checkpoints of one
         training run (same model config, tokenizers and run id; others are refused,
         `checkpoint.average_weights`), with the first one's settings. `quantize="int8"`: the
-        loaded (averaged) model's linear layers in int8, on the CPU (see `Translator`).
+        loaded (averaged) model's linear layers in int8, on the CPU; `threads`: its CPU
+        threads (see `Translator`).
         Raises CheckpointError or ConfigError with a one-line message."""
         check_quantize(quantize, resolve_device(device))  # before reading the checkpoint
         paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
@@ -431,7 +439,7 @@ class Translator(BaseTranslator):
         check_tokenizers(model.config, tokenizers, name)
         translator = cls(model, tokenizers, device, decoding=stored_decoding(state, name),
                          training_config=stored_training_config(state, name),
-                         quantize=quantize)
+                         quantize=quantize, threads=threads)
         translator.run_id = stored_run_id(state)
         return translator
 
@@ -444,24 +452,26 @@ class Translator(BaseTranslator):
                                             model.config.tgt_vocab_size))
         sizes = [max(len(s), len(t) + 1) for s, t in zip(sources, targets, strict=True)]
         log_probs = [0.0] * len(sources)
-        for batch in sorted_batches(range(len(sizes)), sizes, max_tokens):
-            scores = sentence_log_probs(model, pairs.collate(batch).to(self.device))
-            for i, value in zip(batch, scores.tolist(), strict=True):
-                log_probs[i] = value
+        with hardware.threads_set_to(self.threads):
+            for batch in sorted_batches(range(len(sizes)), sizes, max_tokens):
+                scores = sentence_log_probs(model, pairs.collate(batch).to(self.device))
+                for i, value in zip(batch, scores.tolist(), strict=True):
+                    log_probs[i] = value
         return log_probs
 
     def _search(self, sources: list[list[int]], request: DecodingRequest, *,
                 prefixes: list[list[int]] | None, max_tokens: int,
                 on_progress: Callable[[int], None] | None) -> list[list[Hypothesis]]:
-        hyps = search_corpus(self.model, sources, request, prefixes=prefixes,
-                             max_tokens=max_tokens, on_progress=on_progress)
-        if request.alignment is None:
-            return hyps
-        found = [(i, j) for i, sentence in enumerate(hyps) for j in range(len(sentence))
-                 if sources[i]]
-        weights = attention_weights(self.model, [sources[i] for i, _ in found],
-                                    [hyps[i][j].tokens for i, j in found],
-                                    request.alignment, max_tokens)
+        with hardware.threads_set_to(self.threads):
+            hyps = search_corpus(self.model, sources, request, prefixes=prefixes,
+                                 max_tokens=max_tokens, on_progress=on_progress)
+            if request.alignment is None:
+                return hyps
+            found = [(i, j) for i, sentence in enumerate(hyps) for j in range(len(sentence))
+                     if sources[i]]
+            weights = attention_weights(self.model, [sources[i] for i, _ in found],
+                                        [hyps[i][j].tokens for i, j in found],
+                                        request.alignment, max_tokens)
         for (i, j), attention in zip(found, weights, strict=True):
             hyps[i][j] = replace(hyps[i][j], attention=attention)
         return hyps

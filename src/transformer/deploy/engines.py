@@ -286,15 +286,13 @@ def load_translator(checkpoint: PathLike | Sequence[PathLike], engine: str = "au
     are averaged) into `Translator` (with `quantize`, its linear layers in int8:
     `Translator.load`); "ctranslate2" loads an export directory, whose type its export
     chose (`quantize` refused); "auto" (the default) takes the one that reads `checkpoint`
-    (`engine_for`). `threads` sets the engine's CPU threads (for torch:
-    `hardware.set_threads`, process-wide). Raises CheckpointError / ExportError /
+    (`engine_for`). `threads` sets the engine's CPU threads, its own (None: for torch, the
+    process's count now; for CTranslate2, one). Raises CheckpointError / ExportError /
     ConfigError with one-line messages."""
     if engine == "auto":
         engine = engine_for(checkpoint)
     if engine == "torch":
-        if threads:
-            hardware.set_threads(threads)
-        return Translator.load(checkpoint, device=device, quantize=quantize)
+        return Translator.load(checkpoint, device=device, quantize=quantize, threads=threads)
     if engine != "ctranslate2":
         raise ConfigError(f"engine must be auto, {', '.join(ENGINES)}, got {engine!r}")
     if quantize is not None:
