@@ -59,7 +59,8 @@ fresh process per size, thread count and row, after a warm-up (at most `SIZE_LIN
 pass below that size, so one line is ~200 calls; the best of --repeats passes). Reported per
 size: sentences/s over the pass, and the median and 95th percentile of a call's latency;
 below the table, ours against CTranslate2 at each size and thread count, against the
-targets of `SIZE_TARGETS` (float32) and `INT8_SIZE_TARGETS`.
+targets of `SIZE_TARGETS` (float32) and `INT8_SIZE_TARGETS`; with the row "torch baseline",
+ours against it at each size, and whether the outputs are identical.
 Needs `ctranslate2` (pip install -e '.[export]').
 """
 
@@ -213,10 +214,12 @@ def requests_timed(translator, lines: list[str], size: int, options: dict,
     requests = [r for r in requests if len(r) == size] or [lines[:size]]
     best: list[float] | None = None
     for _ in range(repeats):
-        calls = [timed(lambda r=r: translator.translate(r, **options))[0] for r in requests]
+        timings = [timed(lambda r=r: translator.translate(r, **options)) for r in requests]
+        calls = [seconds for seconds, _ in timings]
         if best is None or sum(calls) < sum(best):
             best = calls
-    return {"seconds": sum(best), "lines": size * len(requests), "calls": best}
+    return {"seconds": sum(best), "lines": size * len(requests), "calls": best,
+            "hyps": [hyp for _, hyps in timings for hyp in hyps]}
 
 
 def run(name: str, model: str, threads: int, args: argparse.Namespace) -> dict:
@@ -429,6 +432,12 @@ def sizes_main(args: argparse.Namespace, rows: list[str], models: dict[str, str]
               f"{1000 * statistics.median(calls):>11.1f}"
               f"{1000 * calls[min(len(calls) - 1, math.ceil(0.95 * len(calls)) - 1)]:>9.1f}"
               f"{len(calls):>7}")
+    for size, threads, row in best:
+        if row == BASELINE:
+            same = best[size, threads, row]["hyps"] == best[size, threads, "torch"]["hyps"]
+            print(f"ours / {BASELINE}, requests of {size} line(s), {threads} thread(s): "
+                  f"{speed[size, threads, 'torch'] / speed[size, threads, row]:.2f}x; outputs "
+                  f"{'identical' if same else 'DIFFERENT'}")
     for ours, theirs in COMPARED.items():
         targets = SIZE_TARGETS if ours == "torch" else INT8_SIZE_TARGETS
         for size in args.lines:

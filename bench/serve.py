@@ -2,7 +2,7 @@
 and 32 concurrent clients (CPU), and its memory over time?
 
     python bench/serve.py [--checkpoint runs/ref] [--clients 1 8 32] [--max-requests 2000]
-        [--max-seconds 60] [--threads 1] [--source .../test_2016_flickr.en.gz]
+        [--max-seconds 60] [--threads 1] [--source .../test_2016_flickr.en.gz] [--ctranslate2]
 
 Starts scripts/serve.py on a free 127.0.0.1 port, then for each setting runs that many
 clients, each sending single sentences of test_2016_flickr (en) to POST /translate one after
@@ -15,6 +15,12 @@ with one translation), p50/p95 latency, sentences/s and the mean batch the serve
 share batches) and the server's RSS at the start (loaded, idle), at the end of the first
 quarter of the measured requests and at the end (target: <= 5% growth from the quarter to
 the end). The server's RSS is read from /proc (Linux).
+
+`--ctranslate2`: then the same server on a CTranslate2 float32 export of the checkpoint
+(`--engine ctranslate2`, exported here, a server process of its own) answers one client's
+single sentences the same way, after the same warm-up: its p50/p95 latency and sentences/s
+beside ours at 1 client, and ours / CTranslate2 (target: at least `TARGET_SINGLE`x its
+sentences/s, its median latency at most 1 / `TARGET_SINGLE` of ours).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from transformer.data.text import read_lines
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.en.gz"
 TARGET_RATIO, TARGET_RSS_GROWTH = 5.0, 0.05
+TARGET_SINGLE = 0.5  # ours / CTranslate2, one client sending single sentences
 
 
 @dataclass
@@ -87,13 +94,15 @@ class RssMonitor:
         return next(mib for done, mib in self.samples if done >= requests)
 
 
-def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen:
-    """scripts/serve.py on `port`, its output in `log`; returns once /health answers."""
+def start_server(args: argparse.Namespace, port: int, log: Path, model: Path | None = None,
+                 engine: str = "torch") -> subprocess.Popen:
+    """scripts/serve.py on `port` (`model`, default --checkpoint, on `engine`), its output in
+    `log`; returns once /health answers."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"),
                                                         os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, str(ROOT / "scripts" / "serve.py"), "--checkpoint",
-               str(args.checkpoint), "--port", str(port), "--threads", str(args.threads),
-               "--device", "cpu"]
+               str(model or args.checkpoint), "--engine", engine, "--port", str(port),
+               "--threads", str(args.threads), "--device", "cpu"]
     with open(log, "w") as output:
         server = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
@@ -171,6 +180,30 @@ def percentile(values: list[float], q: float) -> float:
         else values[0]
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ctranslate2_single(args: argparse.Namespace, sentences: list[str], folder: Path) -> Setting:
+    """One client's single sentences against the server on a CTranslate2 float32 export of
+    --checkpoint (made in `folder`), after the warm-up the main run gives 1 client."""
+    from transformer.decoding.translator import Translator
+    from transformer.deploy.export import export_ctranslate2
+
+    export = folder / "ct2-float32"
+    export_ctranslate2(Translator.load(args.checkpoint, device="cpu"), export)
+    port = free_port()
+    server = start_server(args, port, folder / "ct2-server.log", export, "ctranslate2")
+    try:
+        run_setting(port, sentences, 1, 4, args.max_seconds, None)
+        return run_setting(port, sentences, 1, args.max_requests, args.max_seconds, None)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", type=Path, default=ROOT.parent / "runs" / "ref")
@@ -180,12 +213,13 @@ def main() -> None:
     p.add_argument("--max-requests", type=int, default=2000, help="per setting")
     p.add_argument("--max-seconds", type=float, default=60.0, help="per setting")
     p.add_argument("--threads", type=int, default=1, help="the server's torch threads")
+    p.add_argument("--ctranslate2", action="store_true",
+                   help="also one client against the server on a CTranslate2 export")
     args = p.parse_args()
     sentences = [line for line in read_lines(args.source) if line.strip()]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = Path(tempfile.mkdtemp()) / "server.log"
+    port = free_port()
+    folder = Path(tempfile.mkdtemp())
+    log = folder / "server.log"
     server = start_server(args, port, log)
     try:
         monitor = RssMonitor(server.pid)
@@ -200,6 +234,20 @@ def main() -> None:
         server.terminate()
         server.wait(timeout=30)
     report(args, settings, monitor, rss_start)
+    ours = next((s for s in settings if s.clients == 1), None)
+    if args.ctranslate2 and ours is not None:
+        report_single(ours, ctranslate2_single(args, sentences, folder))
+
+
+def report_single(ours: Setting, theirs: Setting) -> None:
+    """One client's single sentences: ours against the CTranslate2 server."""
+    for name, s in (("ours", ours), ("CTranslate2", theirs)):
+        print(f"one client, single sentences, {name}: p50 {1000 * percentile(s.latencies, 50):.1f}"
+              f" ms, p95 {1000 * percentile(s.latencies, 95):.1f} ms, {s.throughput:.1f} "
+              f"sent/s, {s.errors} errors")
+    ratio = ours.throughput / theirs.throughput
+    print(f"{'PASS' if ratio >= TARGET_SINGLE else 'FAIL'}  ours >= {TARGET_SINGLE:g}x "
+          f"CTranslate2 behind the same server, one client: {ratio:.2f}x")
 
 
 def report(args: argparse.Namespace, settings: list[Setting], monitor: RssMonitor,
