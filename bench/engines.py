@@ -70,7 +70,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -86,6 +85,7 @@ from timing import (
     operator_table,
     package_name,
     peak_rss_mib,
+    percentile,
     profiled,
     ratio_summary,
     reset_peak_rss,
@@ -210,8 +210,7 @@ def requests_timed(translator, lines: list[str], size: int, options: dict,
     """`lines` cut into consecutive requests of `size` lines (at most `SIZE_LINES` lines, or
     one request), each translated by one call, `repeats` passes -> the best pass's seconds,
     its lines, and each of its calls' seconds."""
-    requests = [lines[i:i + size] for i in range(0, max(size, SIZE_LINES), size)]
-    requests = [r for r in requests if len(r) == size] or [lines[:size]]
+    requests = [lines[i * size:(i + 1) * size] for i in range(max(1, SIZE_LINES // size))]
     best: list[float] | None = None
     for _ in range(repeats):
         timings = [timed(lambda r=r: translator.translate(r, **options)) for r in requests]
@@ -426,11 +425,10 @@ def sizes_main(args: argparse.Namespace, rows: list[str], models: dict[str, str]
           f"{'p95 ms':>9}{'calls':>7}")
     speed = {}
     for (size, threads, row), r in best.items():
-        calls = sorted(r["calls"])
+        calls = r["calls"]
         speed[size, threads, row] = r["lines"] / r["seconds"]
         print(f"{size:>6}{threads:>8}  {row:<14}{speed[size, threads, row]:>9.1f}"
-              f"{1000 * statistics.median(calls):>11.1f}"
-              f"{1000 * calls[min(len(calls) - 1, math.ceil(0.95 * len(calls)) - 1)]:>9.1f}"
+              f"{1000 * percentile(calls, 50):>11.1f}{1000 * percentile(calls, 95):>9.1f}"
               f"{len(calls):>7}")
     for size, threads, row in best:
         if row == BASELINE:

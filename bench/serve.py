@@ -30,7 +30,6 @@ import http.client
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from timing import status_mib
+from timing import percentile, status_mib
 
 from transformer.data.text import read_lines
 
@@ -173,11 +172,6 @@ def run_setting(port: int, sentences: list[str], clients: int, max_requests: int
     setting.batches = after["batches"] - before["batches"]
     setting.sentences = after["sentences"] - before["sentences"]
     return setting
-
-
-def percentile(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 \
-        else values[0]
 
 
 def free_port() -> int:

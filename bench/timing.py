@@ -70,6 +70,13 @@ def paired_passes(passes: dict[str, Callable[[], T]], rounds: int, flip: bool = 
     return seconds, results
 
 
+def percentile(values: Sequence[float], q: int) -> float:
+    """The `q`-th percentile of `values` (inclusive method; one value: itself): latencies'
+    median and tail."""
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 \
+        else values[0]
+
+
 def ratio_summary(ours: Sequence[float], theirs: Sequence[float]) -> str:
     """`theirs / ours` of each round's seconds (above 1x, ours is faster), smallest first,
     and their median: "median 1.020x (rounds 0.97x 1.01x 1.04x)". The rounds' spread says

@@ -75,12 +75,9 @@ class ModelSettings(Hyperparameters):
         if unset and self.name != AUTO_MODEL:
             raise ConfigError(f"model.{unset[0]} is null, which only model={AUTO_MODEL} leaves "
                               f"to the budget; set it, or choose model={AUTO_MODEL}")
-        filled = {key: getattr(Hyperparameters, key) for key in unset}
-        heads = self.num_heads  # must divide the width: checked once both are known
-        if "num_heads" in filled:
-            filled["num_heads"] = 1
-        if "num_hiddens" in filled and isinstance(heads, int) and heads > 0:
-            filled["num_hiddens"] = 64 * heads
+        filled = dict.fromkeys(unset, 1)  # a null key passes; set keys are checked
+        if "num_hiddens" in filled and is_int(self.num_heads) and self.num_heads > 0:
+            filled["num_hiddens"] = self.num_heads  # the heads must divide the width
         if self.dropout is None:
             filled["dropout"] = 0.0
         ModelConfig(src_vocab_size=8, tgt_vocab_size=8, share_embeddings=True,
