@@ -1,10 +1,11 @@
 """Decoding a batch of sentences: beam search and sampling over the model's key/value cache.
 Many sentences are decoded by `corpus.search_corpus`, which batches them and calls these.
 
-Each step feeds only the newest token; the decoder's self-attention keys/values grow in a
-preallocated cache (`cache.KVCache`), and the encoder-decoder keys/values are projected
-once per sentence and shared by its beams. A request's `use_cache=False` re-runs the decoder
-over the whole prefix instead (the reference for tests and benchmarks).
+Each step feeds only the newest token to the decoder (`step.DecoderState`): its
+self-attention keys/values grow in a cache sized for the whole search (`cache.StepCache`),
+and the encoder-decoder keys/values are projected once per sentence and shared by its
+beams. A request's `use_cache=False` re-runs the decoder over the whole prefix instead (the
+reference for tests and benchmarks).
 
 Conventions shared by both searches:
 - The output of a sentence is at most `max_len = a * source_len + b` tokens, EOS not counted
@@ -48,8 +49,8 @@ from torch.nn import functional as F
 
 from .. import hardware
 from ..data.batching import pad_rows
-from ..model.blocks import LayerCache
 from ..model.int8 import rows_per_call
+from ..model.step import DecoderState
 from ..model.transformer import Transformer, eval_mode
 from ..run.config import DecodingSettings
 from .request import DecodingRequest, Sampling
@@ -86,12 +87,12 @@ def max_output_lengths(src_valid_lens: Tensor, max_len_a: float, max_len_b: int,
 
 
 def _next_hidden(model: Transformer, tokens: Tensor, enc_outputs: Tensor,
-                 src_valid_lens: Tensor, cache: list[LayerCache] | None) -> Tensor:
+                 src_valid_lens: Tensor, state: DecoderState | None) -> Tensor:
     """The decoder's state after each row of `tokens` (rows, steps) -> (rows, d), the
-    output projection's input. With `cache` only the last token is fed; without, the
-    decoder re-reads the whole prefix."""
-    if cache is not None:
-        return model.decoder(tokens[:, -1:], enc_outputs, src_valid_lens, cache)[:, -1]
+    output projection's input. With `state` only the last token is fed (the decoder's
+    step); without, the decoder re-reads the whole prefix."""
+    if state is not None:
+        return state(tokens[:, -1])
     return model.decoder(tokens, enc_outputs, src_valid_lens)[:, -1]
 
 
@@ -106,25 +107,29 @@ def _logits(model: Transformer, hidden: Tensor) -> Tensor:
 
 
 @contextlib.contextmanager
-def _search_cache(model: Transformer, use_cache: bool) -> Iterator[list[LayerCache] | None]:
-    """`model.new_cache()` for one search (None without `use_cache`); when the search
-    ends, its buffers go to `cache.CACHE_BUFFERS` for the next search to write into."""
-    cache = model.new_cache() if use_cache else None
-    try:
-        yield cache
-    finally:
-        for layer in cache or ():
-            layer.release()
+def _encoded(model: Transformer, src: Tensor, src_valid_lens: Tensor, max_rows: int,
+             max_lens: Tensor, use_cache: bool
+             ) -> Iterator[tuple[Tensor, DecoderState | None]]:
+    """A search's start, in eval mode: the encoder outputs, and the decoder's step state for
+    at most `max_rows` rows and the steps `max_lens` allow (None without `use_cache`); when
+    the search ends, its buffers go to `cache.CACHE_BUFFERS` for the next search."""
+    with eval_mode(model):
+        enc_outputs = model.encode(src, src_valid_lens)
+        state = (DecoderState(model.decoder, enc_outputs, src_valid_lens, max_rows,
+                              int(max_lens.max()) + 1) if use_cache else None)
+        try:
+            yield enc_outputs, state
+        finally:
+            if state is not None:
+                state.release()
 
 
-def _select_cache(cache: list[LayerCache] | None, rows: Tensor,
+def _select_cache(state: DecoderState | None, rows: Tensor,
                   sentences: Tensor | None = None) -> None:
-    """Keep/reorder the self-attention cache `rows`, and the cross-attention cache (one
-    row per sentence) `sentences`, where given."""
-    for layer in cache or ():
-        layer.self_attention.reorder(rows)
-        if sentences is not None:
-            layer.cross_attention.reorder(sentences)
+    """Keep/reorder the decoder rows `rows`, and the sentences `sentences` (one row per
+    sentence: the encoder-decoder keys and values), where given."""
+    if state is not None:
+        state.reorder(rows, sentences)
 
 
 def draw(sampling: Sampling, logits: Tensor, generator: torch.Generator | None) -> Tensor:
@@ -152,7 +157,7 @@ def draw(sampling: Sampling, logits: Tensor, generator: torch.Generator | None) 
 GREEDY = Sampling(topk=1)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def sample_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
                   request: DecodingRequest = DecodingRequest(beam_size=1), *,
                   generator: torch.Generator | None = None,
@@ -165,16 +170,19 @@ def sample_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
     start, eos = model.config.start_id, model.config.eos_id
     max_lens, prefix, prefix_lens = _limits(model, src_valid_lens, request, prefix)
     outputs: list[Hypothesis] = [Hypothesis([], 0.0, 0.0)] * src.shape[0]
-    with eval_mode(model), _search_cache(model, request.use_cache) as cache:
-        enc_outputs = model.encode(src, src_valid_lens)
+    forcing = _forcing_steps(max_lens, prefix_lens)
+    with _encoded(model, src, src_valid_lens, src.shape[0], max_lens,
+                  request.use_cache) as (enc_outputs, cache):
         tokens = torch.full((src.shape[0], 1), start, dtype=torch.long, device=src.device)
         log_probs = torch.zeros(src.shape[0], device=src.device)
         sentence = torch.arange(src.shape[0], device=src.device)  # original index of each row
         for step in range(int(max_lens.max()) + 1):
             logits = _logits(model, _next_hidden(model, tokens, enc_outputs, src_valid_lens,
                                                  cache))
-            forced = _forced(step, max_lens, prefix, prefix_lens, eos)  # (rows,)
-            next_tokens = torch.where(forced >= 0, forced, draw(sampling, logits, generator))
+            next_tokens = draw(sampling, logits, generator)
+            if step in forcing:
+                forced = _forced(step, max_lens, prefix, prefix_lens, eos)  # (rows,)
+                next_tokens = torch.where(forced >= 0, forced, next_tokens)
             log_probs += torch.log_softmax(logits, -1, out=logits).gather(
                 1, next_tokens[:, None]).squeeze(1)  # in place, as beam search
             tokens = torch.cat([tokens, next_tokens[:, None]], 1)  # (rows, 2 + step)
@@ -212,6 +220,12 @@ def _limits(model: Transformer, src_valid_lens: Tensor, request: DecodingRequest
     return torch.maximum(max_lens, prefix_lens), prefix, prefix_lens
 
 
+def _forcing_steps(max_lens: Tensor, prefix_lens: Tensor) -> set[int]:
+    """The steps at which a sentence's token may be forced (`_forced`): within a prefix, and
+    at each length limit; at the others, every token is free (read once per search)."""
+    return set(range(int(prefix_lens.max()))) | set(max_lens.tolist())
+
+
 def _forced(step: int, max_lens: Tensor, prefix: Tensor, prefix_lens: Tensor,
             eos: int) -> Tensor:
     """The token each sentence must take at `step`: its prefix's, EOS at its length limit,
@@ -226,7 +240,7 @@ def pad_prefixes(prefixes: Sequence[Sequence[int]], device: torch.device) -> Ten
     return pad_rows(prefixes, -1, device)[0]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
                 request: DecodingRequest = DecodingRequest(), *,
                 prefix: Tensor | None = None) -> list[list[Hypothesis]]:
@@ -247,16 +261,21 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
     kth_score = torch.full((num_sentences,), float("-inf"), device=device)
     scores = torch.zeros(num_sentences, 1, device=device)  # (a, rows per sentence)
     ranks = torch.arange(2 * k, device=device)
-    with eval_mode(model), _search_cache(model, request.use_cache) as cache:
+    in_beam = ranks < k  # (2k,) the candidates that may finish
+    forcing = _forcing_steps(max_lens, prefix_lens)
+    # an alive hypothesis's best final score is its log-prob / this (the longest output)
+    longest_penalty = length_penalty(max_lens + 1, alpha)
+    with _encoded(model, src, src_valid_lens, num_sentences * k, max_lens,
+                  request.use_cache) as (enc_outputs, cache):
         # Step 0 runs one row per sentence, then each row becomes its sentence's k beams:
         # rows a * k + j. The encoder outputs and the cross-attention cache keep one row
         # per sentence: the decoder reads a sentence's rows as one row of k queries there.
-        enc_outputs = model.encode(src, src_valid_lens)
         tokens = torch.full((num_sentences, 1), start, dtype=torch.long, device=device)
         for step in range(int(max_lens.max()) + 1):
             num_active, width = scores.shape
             hidden = _next_hidden(model, tokens, enc_outputs, src_valid_lens, cache)
-            forced = _forced(step, max_lens, prefix, prefix_lens, eos).repeat_interleave(width)
+            forced = (_forced(step, max_lens, prefix, prefix_lens, eos).repeat_interleave(width)
+                      if step in forcing else None)  # (a * width,)
             # 1. The best 2k candidates: at most k end in EOS (one per row), so at least k
             #    others remain to fill the beam.
             top_scores, beam, token = _best_candidates(model, scores, hidden, 2 * k,
@@ -264,7 +283,7 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
             parents = torch.arange(num_active, device=device)[:, None] * width + beam
             alive = top_scores > float("-inf")
             # 2. EOS candidates among the best k finish; the best k others go on.
-            ended = alive & (token == eos) & (ranks < k)
+            ended = alive & (token == eos) & in_beam
             going_on = alive & (token != eos)
             pick = torch.argsort((~going_on).byte(), dim=1, stable=True)[:, :k]  # (a, k)
             if bool(ended.any()):
@@ -281,7 +300,7 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
             # 3. A sentence stops when it has k finished hypotheses and its best candidate
             #    has ended, or when nothing alive can beat its nbest-th finished one
             #    (nothing alive: -inf, <= any score).
-            best_reachable = scores.max(1).values / length_penalty(max_lens + 1, alpha)
+            best_reachable = scores.max(1).values / longest_penalty
             done = (best_reachable <= kth_score) | ((num_finished >= k) & top_ended)
             num_done = int(done.sum())  # the step's one host sync, besides collecting
             if num_done == num_active:
@@ -289,18 +308,19 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
             if num_done:
                 keep = (~done).nonzero().squeeze(1)  # active sentences that go on
                 keep_rows = (keep[:, None] * k + ranks[:k]).view(-1)
-                scores, num_finished, kth_score, max_lens, sentence, enc_outputs, \
-                    src_valid_lens, prefix, prefix_lens, top_ended = (
+                scores, num_finished, kth_score, max_lens, longest_penalty, sentence, \
+                    enc_outputs, src_valid_lens, prefix, prefix_lens, top_ended = (
                         x.index_select(0, keep) for x in (
-                            scores, num_finished, kth_score, max_lens, sentence, enc_outputs,
-                            src_valid_lens, prefix, prefix_lens, top_ended))
+                            scores, num_finished, kth_score, max_lens, longest_penalty,
+                            sentence, enc_outputs, src_valid_lens, prefix, prefix_lens,
+                            top_ended))
                 tokens = tokens.index_select(0, keep_rows)
                 _select_cache(cache, keep_rows, keep)
     return [hyps[:nbest] for hyps in finished]
 
 
 def _best_candidates(model: Transformer, scores: Tensor, hidden: Tensor, k: int,
-                     forced: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+                     forced: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """`_top_candidates` from the decoder states `hidden` (a * width, d): the logits of
     as many whole sentences at a time as `int8.rows_per_call` gives the output projection
     rows (an int8 layer's chunks: its logits are never joined into one (rows, vocab)
@@ -314,22 +334,22 @@ def _best_candidates(model: Transformer, scores: Tensor, hidden: Tensor, k: int,
     for a in range(0, num_active, per):
         part = slice(a * width, (a + per) * width)  # the rows of sentences a to a + per
         chunks.append(_top_candidates(scores[a:a + per], _logits(model, hidden[part]), k,
-                                      forced[part]))
+                                      None if forced is None else forced[part]))
     return tuple(torch.cat(parts) for parts in zip(*chunks, strict=True))
 
 
 def _top_candidates(scores: Tensor, logits: Tensor, k: int,
-                    forced: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+                    forced: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """The k best continuations per sentence, best first: scores (a, width), next-token
     logits (a * width, vocab) -> cumulative scores, source row within the sentence, token;
     each (a, k). A row whose `forced` (a * width,) token is not -1 may continue with that
-    token only (its log-prob kept). Missing candidates (k > width * vocab: tiny test
-    vocabularies) score -inf. `logits` is overwritten."""
+    token only (its log-prob kept); None: no row is forced. Missing candidates (k > width *
+    vocab: tiny test vocabularies) score -inf. `logits` is overwritten."""
     num_active, width = scores.shape
     vocab_size = logits.shape[1]
     log_probs = torch.log_softmax(logits, -1, out=logits)  # (a * width, vocab), in place
-    rows = (forced >= 0).nonzero().squeeze(1)
-    if len(rows):
+    rows = None if forced is None else (forced >= 0).nonzero().squeeze(1)
+    if rows is not None and len(rows):
         kept = log_probs[rows, forced[rows]]
         log_probs[rows] = float("-inf")
         log_probs[rows, forced[rows]] = kept

@@ -1,6 +1,7 @@
-"""The decoding cache: keys and values of past steps (`KVCache`; one per attention layer, a
-`blocks.LayerCache` per decoder block), and the pool of buffers finished caches leave for
-the next ones (`BufferPool`, `CACHE_BUFFERS`).
+"""The decoding caches: keys and values of past steps (`KVCache`; one per attention layer,
+a `blocks.LayerCache` per decoder block; `StepCache`, a decoder self-attention layer's for
+the engine's decoding step, sized for the whole search at its start), and the pool of
+buffers finished caches leave for the next ones (`BufferPool`, `CACHE_BUFFERS`).
 
 A decoder's self-attention cache grows by a step at a time; it is written, with the rows
 beam search kept, into a second preallocated buffer at each step (one copy per step, however
@@ -20,7 +21,7 @@ from torch import Tensor
 
 from .. import hardware
 
-__all__ = ["BufferPool", "CACHE_BUFFERS", "release_cache_buffers", "KVCache"]
+__all__ = ["BufferPool", "CACHE_BUFFERS", "release_cache_buffers", "KVCache", "StepCache"]
 
 
 class BufferPool:
@@ -187,16 +188,68 @@ class KVCache:
             self._rows = None
 
 
-def _gather(cached: Tensor, rows: Tensor | None, out: Tensor) -> None:
-    """Write `cached` (its `rows`, where given) into the view `out`."""
+def _gather(cached: Tensor, rows: Tensor | None, out: Tensor, dim: int = 0) -> None:
+    """Write `cached` (its `rows` along `dim`, where given) into the view `out`."""
     if rows is None:
         out.copy_(cached)
     elif cached.requires_grad:  # out= is not differentiable
-        out.copy_(cached.index_select(0, rows))
+        out.copy_(cached.index_select(dim, rows))
     else:
-        torch.index_select(cached, 0, rows, out=out)
+        torch.index_select(cached, dim, rows, out=out)
 
 
 def _prefix(buffer: Tensor, shape: tuple[int, ...]) -> Tensor:
     """The start of a flat buffer viewed as a contiguous tensor of `shape`."""
     return buffer[:math.prod(shape)].view(shape)
+
+
+class StepCache:
+    """A decoder self-attention layer's keys and values for the engine's decoding step
+    (`step.DecoderState`): what `KVCache` holds, in fewer operators per step.
+
+    Keys and values share one buffer: each append writes the cached steps (the rows a reorder
+    kept: one `index_select` for keys and values) and then the new step (one copy) into the
+    second buffer, as one contiguous (2, rows, heads, steps, head_dim) tensor, which becomes
+    the current one; keys and values are its two halves, each row's steps contiguous, the
+    layout batched matrix products read fastest. Both buffers are sized when the search
+    starts for its most rows and steps (`max_rows`, `max_steps`) and taken from `pool`, so no
+    step allocates; `release` gives them back.
+    """
+
+    def __init__(self, max_rows: int, max_steps: int, pool: BufferPool = CACHE_BUFFERS):
+        self.max_rows, self.max_steps, self.pool = max_rows, max_steps, pool
+        self.length = 0  # steps cached
+        self._current: Tensor | None = None  # (2, rows, heads, steps, head_dim)
+        self._buffers: list[Tensor] = []  # [the current one's flat buffer, the other]
+        self._kept: Tensor | None = None  # rows a reorder kept, not yet gathered
+
+    def append(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """Cache one new step's keys and values, kv (2, rows, heads, head_dim) -> all steps'
+        keys and values, each (rows, heads, steps, head_dim)."""
+        _, rows, heads, head_dim = kv.shape
+        if rows > self.max_rows or self.length >= self.max_steps:
+            raise ValueError(f"a StepCache of {self.max_rows} rows and {self.max_steps} steps "
+                             f"cannot take a step of {rows} rows after {self.length}")
+        if not self._buffers:
+            numel = 2 * self.max_rows * heads * self.max_steps * head_dim
+            self._buffers = [self.pool.take(numel, kv) for _ in range(2)]
+        t = self.length
+        out = _prefix(self._buffers[1], (2, rows, heads, t + 1, head_dim))
+        if self._current is not None:
+            _gather(self._current, self._kept, out[:, :, :, :t], dim=1)
+        out[:, :, :, t] = kv
+        self._buffers.reverse()
+        self._current, self._kept, self.length = out, None, t + 1
+        return out[0], out[1]
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows `index` (the surviving beams, in their new order), gathered at the next
+        `append`."""
+        if self._current is not None:
+            self._kept = index if self._kept is None else self._kept.index_select(0, index)
+
+    def release(self) -> None:
+        """Empty the cache and give its buffers to `pool` for the next search."""
+        self.pool.give(self._buffers)
+        self._buffers, self._current, self._kept = [], None, None
+        self.length = 0

@@ -1,0 +1,206 @@
+"""The engine's decoding step: one new token per row through the decoder, in few operators.
+
+Beam search and sampling feed the decoder one token per row and step. The decoder's
+`forward` with a cache (`blocks.LayerCache`) computes that step as the book writes the
+model, in some 440 PyTorch operators for four blocks, and at a few rows (one sentence's
+beams) the operators' fixed costs are most of a step's time. `DecoderState` computes the
+same, bit for bit (the tests compare the two), in fewer:
+
+- the rows are 2-D, (rows, num_hiddens): no views around each product;
+- a self-attention layer's keys and values share one cache (`cache.StepCache`), its
+  buffers sized for the whole search: one gather of the rows beam search kept and one copy
+  of the new step, for keys and values together;
+- the encoder-decoder keys and values are projected once, when the search starts, and the
+  source's padding mask is made once (None where no source is padded);
+- W_q, W_k and W_v of self-attention are one product where all three are float `Linear`s
+  (their weights joined when the search starts);
+- each layer is called through its `forward`, without `nn.Module`'s call machinery.
+
+A decoder with hooks (`MultiHeadAttention.masking_heads`, `recording`, a user's forward
+hooks) decodes through its `forward` and `LayerCache`s instead, where the hooks run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from . import kernels
+from .attention import MultiHeadAttention
+from .blocks import DecoderBlock, LayerCache
+from .cache import StepCache
+from .layers import Linear, linear
+from .masks import key_padding_mask
+
+if TYPE_CHECKING:
+    from .transformer import TransformerDecoder
+
+__all__ = ["DecoderState"]
+
+
+def _has_hooks(decoder: nn.Module) -> bool:
+    """Whether calling a module of `decoder` would run forward hooks besides its `forward`
+    (its own or global ones: the test `nn.Module.__call__` makes), or one of its attention
+    layers is keeping its weights (`MultiHeadAttention.recording`)."""
+    hooks = torch.nn.modules.module
+    if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
+        return True
+    return any(module._forward_hooks or module._forward_pre_hooks
+               or (isinstance(module, MultiHeadAttention) and module.is_recording)
+               for module in decoder.modules())
+
+
+def _joined_qkv(attention: MultiHeadAttention) -> Callable[[Tensor], Tensor] | None:
+    """One product for W_q, W_k and W_v (rows, d) -> (rows, 3 * inner), their weights
+    joined; None unless all three are float `Linear`s with biases alike."""
+    layers = (attention.W_q, attention.W_k, attention.W_v)
+    if not all(type(layer) is Linear for layer in layers) or len(
+            {layer.bias is None for layer in layers}) > 1:
+        return None
+    weight = torch.cat([layer.weight for layer in layers])
+    bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
+    return lambda X: linear(X, weight, bias)
+
+
+def _memory(attention: MultiHeadAttention, enc_outputs: Tensor) -> tuple[Tensor, Tensor]:
+    """The keys and values of encoder-decoder attention over `enc_outputs` (batch, src_len,
+    d) -> each (batch, heads, src_len, head_dim), contiguous: what its static `KVCache`
+    keeps."""
+    batch, src_len, _ = enc_outputs.shape
+    return tuple(W(enc_outputs).view(batch, src_len, attention.num_heads, -1)
+                 .transpose(1, 2).contiguous() for W in (attention.W_k, attention.W_v))
+
+
+class _BlockStep:
+    """One `DecoderBlock`'s step over the state of a search: its sublayers' `forward`s."""
+
+    def __init__(self, block: DecoderBlock):
+        a1, a2 = block.attention1, block.attention2
+        self.self_attention, self.memory_attention = a1, a2
+        self.qkv = _joined_qkv(a1)
+        self.W_q1, self.W_k1, self.W_v1, self.W_o1 = (a1.W_q.forward, a1.W_k.forward,
+                                                      a1.W_v.forward, a1.W_o.forward)
+        self.W_q2, self.W_o2 = a2.W_q.forward, a2.W_o.forward
+        ffn = block.ffn
+        self.dense1, self.activation, self.dense2 = (ffn.dense1.forward, ffn.activation.forward,
+                                                     ffn.dense2.forward)
+        self.norms = [addnorm.ln.forward for addnorm in (block.addnorm1, block.addnorm2,
+                                                         block.addnorm3)]
+        self.norm_first = block.addnorm1.norm_first
+
+    def __call__(self, X: Tensor, cache: StepCache, memory: tuple[Tensor, Tensor],
+                 memory_mask: Tensor | None) -> Tensor:
+        """X (rows, d) -> (rows, d): what `DecoderBlock.forward` computes for X (rows, 1, d)
+        with a cache, dropout off."""
+        Y = self._residual(0, X, lambda x: self._self_attention(x, cache))
+        Z = self._residual(1, Y, lambda y: self._memory_attention(y, *memory, memory_mask))
+        return self._residual(2, Z, lambda z: self.dense2(self.activation(self.dense1(z))))
+
+    def _residual(self, i: int, X: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        """`AddNorm.residual` in eval mode (no dropout), norm `i`."""
+        if self.norm_first:
+            return X + sublayer(self.norms[i](X))
+        return self.norms[i](sublayer(X) + X)
+
+    def _self_attention(self, X: Tensor, cache: StepCache) -> Tensor:
+        """Causal self-attention of one new step per row over the cached ones."""
+        rows, h = X.shape[0], self.self_attention.num_heads
+        if self.qkv is not None:
+            qkv = self.qkv(X).view(rows, 3, h, -1)
+            q, kv = qkv[:, 0], qkv[:, 1:].transpose(0, 1)  # (rows, h, hd), (2, rows, h, hd)
+        else:
+            q = self.W_q1(X).view(rows, h, -1)
+            kv = torch.stack([W(X).view(rows, h, -1) for W in (self.W_k1, self.W_v1)])
+        keys, values = cache.append(kv)  # each (rows, h, steps, head_dim)
+        q = q[:, :, None]  # (rows, h, 1, head_dim)
+        output, _ = kernels.attend(q, keys, values, None, self.self_attention.attention.dropout)
+        return self.W_o1(output.reshape(rows, -1))  # (rows, h * head_dim)
+
+    def _memory_attention(self, Y: Tensor, keys: Tensor, values: Tensor,
+                          mask: Tensor | None) -> Tensor:
+        """Encoder-decoder attention, a sentence's rows read as one row of queries over its
+        keys and values (batch, h, src_len, head_dim), as `DecoderBlock` reads them."""
+        rows = Y.shape[0]
+        batch, h, _, head_dim = keys.shape
+        q = self.W_q2(Y).view(batch, rows // batch, h, head_dim).transpose(1, 2)
+        output, _ = kernels.attend(q, keys, values, mask, self.memory_attention.attention.dropout)
+        return self.W_o2(output.transpose(1, 2).reshape(rows, -1))  # (rows, h * head_dim)
+
+
+class DecoderState:
+    """A search's decoder: `state(tokens)` feeds the newest token of each row (rows,) and
+    returns the decoder's output after it (rows, num_hiddens), the output projection's
+    input; `reorder` keeps beam search's surviving rows and sentences; `release` gives the
+    caches' buffers back when the search ends.
+
+    Made when the search starts, over a batch's encoder outputs (batch, src_len,
+    num_hiddens) and their `enc_valid_lens`, for at most `max_rows` rows (sentences x beams,
+    each sentence's rows one after another) and `max_steps` steps. The decoder must be in
+    eval mode and no gradient recorded (decoding).
+    """
+
+    def __init__(self, decoder: TransformerDecoder, enc_outputs: Tensor,
+                 enc_valid_lens: Tensor | None, max_rows: int, max_steps: int):
+        if decoder.training or torch.is_grad_enabled():
+            raise RuntimeError("DecoderState decodes: eval mode, without gradients")
+        self.decoder = decoder
+        self.length = 0  # steps decoded
+        self._layer_caches: list[LayerCache] | None = None
+        if _has_hooks(decoder):
+            # the book's path, where the hooks run: the decoder's forward with its caches
+            self._layer_caches = [LayerCache() for _ in decoder.blks]
+            self._enc_outputs, self._enc_valid_lens = enc_outputs, enc_valid_lens
+            return
+        src_len = enc_outputs.shape[1]
+        self.memory_mask = None  # (batch, 1, 1, src_len)
+        if enc_valid_lens is not None and bool((enc_valid_lens < src_len).any()):
+            self.memory_mask = key_padding_mask(enc_valid_lens, src_len)[:, None, None, :]
+        self.blocks = [_BlockStep(block) for block in decoder.blks]
+        self.caches = [StepCache(max_rows, max_steps) for _ in decoder.blks]
+        self.memory = [_memory(block.attention2, enc_outputs) for block in decoder.blks]
+        self._embedding, self._positions, self._final_ln = (
+            decoder.embedding.forward, decoder.pos_encoding.forward, decoder.final_ln.forward)
+        self._scale = math.sqrt(decoder.num_hiddens)
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        if self._layer_caches is not None:
+            X = self.decoder(tokens[:, None], self._enc_outputs, self._enc_valid_lens,
+                             self._layer_caches)[:, 0]
+            self.length += 1
+            return X
+        X = self._positions(self._embedding(tokens[:, None]) * self._scale,
+                            self.length)[:, 0]  # (rows, num_hiddens)
+        for block, cache, memory in zip(self.blocks, self.caches, self.memory, strict=True):
+            X = block(X, cache, memory, self.memory_mask)
+        self.length += 1
+        return self._final_ln(X)
+
+    def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
+        """Keep the decoder rows `rows` (beam search's surviving hypotheses, in their new
+        order), and where given the sentences `sentences` (those still searched)."""
+        if self._layer_caches is not None:
+            for layer in self._layer_caches:
+                layer.self_attention.reorder(rows)
+                if sentences is not None:
+                    layer.cross_attention.reorder(sentences)
+            if sentences is not None:
+                self._enc_outputs = self._enc_outputs.index_select(0, sentences)
+                if self._enc_valid_lens is not None:
+                    self._enc_valid_lens = self._enc_valid_lens.index_select(0, sentences)
+            return
+        for cache in self.caches:
+            cache.reorder(rows)
+        if sentences is not None:
+            self.memory = [(k.index_select(0, sentences), v.index_select(0, sentences))
+                           for k, v in self.memory]
+            if self.memory_mask is not None:
+                self.memory_mask = self.memory_mask.index_select(0, sentences)
+
+    def release(self) -> None:
+        """Give the caches' buffers back for the next search."""
+        for cache in self._layer_caches or self.caches:
+            cache.release()

@@ -1,0 +1,140 @@
+"""The engine's decoding step (`model.step.DecoderState`) against the book's path: the
+decoder's `forward` with `LayerCache`s, bit for bit, through beam search's reorders and
+finished sentences; its cache (`StepCache`); the decoder with hooks."""
+
+import pytest
+import torch
+
+from transformer.model.blocks import LayerCache
+from transformer.model.cache import BufferPool, StepCache
+from transformer.model.int8 import quantize_int8
+from transformer.model.step import DecoderState
+from transformer.model.transformer import ModelConfig, Transformer
+
+BEAM = 3
+
+
+def make_model(**overrides) -> Transformer:
+    torch.manual_seed(0)
+    kw = dict(src_vocab_size=40, tgt_vocab_size=40, num_hiddens=32, ffn_num_hiddens=64,
+              num_heads=4, num_encoder_layers=2, num_decoder_layers=3, dropout=0.1)
+    kw.update(overrides)
+    return Transformer(ModelConfig(**kw)).eval()
+
+
+def source(lengths: list[int], vocab: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    lens = torch.tensor(lengths)
+    src = torch.randint(4, vocab, (len(lengths), max(lengths)), generator=g)
+    return src.masked_fill(torch.arange(max(lengths)) >= lens[:, None], 0), lens
+
+
+def decode_both(model: Transformer, src: torch.Tensor, lens: torch.Tensor, steps: int = 9):
+    """Beam-search-like steps through the step and through the book's path, with the same
+    tokens, reorders and finished sentences -> their outputs at every step."""
+    g = torch.Generator().manual_seed(2)
+    with torch.inference_mode():
+        enc = model.encode(src, lens)
+        state = DecoderState(model.decoder, enc, lens, len(src) * BEAM, steps)
+        caches = [LayerCache() for _ in model.decoder.blks]
+        sentences = len(src)
+        tokens = torch.full((sentences,), 2)
+        outputs = []
+        for t in range(steps):
+            ours = state(tokens)
+            book = model.decoder(tokens[:, None], enc, lens, caches)[:, 0]
+            outputs.append((ours, book))
+            rows = len(tokens)
+            if t == 0:  # every sentence's row becomes its beams
+                keep = torch.arange(sentences).repeat_interleave(BEAM)
+                kept_sentences = None
+            elif t == 4 and sentences > 1:  # the first sentence finishes
+                kept_sentences = torch.arange(1, sentences)
+                within = torch.randint(0, BEAM, (sentences - 1, BEAM), generator=g)
+                keep = (kept_sentences[:, None] * BEAM + within).view(-1)
+                sentences -= 1
+            else:  # beams reordered within their sentence
+                within = torch.randint(0, BEAM, (rows // BEAM, BEAM), generator=g)
+                keep = (torch.arange(rows // BEAM)[:, None] * BEAM + within).view(-1)
+                kept_sentences = None
+            state.reorder(keep, kept_sentences)
+            for layer in caches:
+                layer.self_attention.reorder(keep)
+                if kept_sentences is not None:
+                    layer.cross_attention.reorder(kept_sentences)
+            if kept_sentences is not None:
+                enc, lens = enc[kept_sentences], lens[kept_sentences]
+            tokens = torch.randint(4, 40, (len(keep),), generator=g)
+        state.release()
+    return outputs
+
+
+@pytest.mark.parametrize("overrides", [
+    {}, {"norm_first": True}, {"activation": "gelu"}, {"output_bias": True},
+    {"pruned_heads": {"decoder.blks.1.attention1": [0, 2], "decoder.blks.2.attention2": [3]}},
+], ids=["post-norm", "pre-norm", "gelu", "output-bias", "pruned"])
+def test_the_step_computes_the_book_path_bit_for_bit(overrides):
+    model = make_model(**overrides)
+    for ours, book in decode_both(model, *source([7, 4, 6])):
+        assert ours.shape == book.shape
+        assert torch.equal(ours, book)
+
+
+def test_the_step_over_long_sources_and_few_keys(tuning):
+    """Sources past `fused_attention_min_keys` (the fused kernel), an unpadded batch (no
+    mask), and the explicit path's short-row kernels switched off: still bit for bit."""
+    model = make_model()
+    tuning(fused_attention_min_keys=5)
+    for ours, book in decode_both(model, *source([9, 6])):
+        assert torch.equal(ours, book)
+    tuning(fused_attention_min_keys=48, short_softmax_keys=0, small_bmm_products=0)
+    for ours, book in decode_both(model, *source([5, 5])):
+        assert torch.equal(ours, book)
+
+
+def test_the_step_of_an_int8_model():
+    model = quantize_int8(make_model())
+    for ours, book in decode_both(model, *source([7, 4])):
+        assert torch.equal(ours, book)
+
+
+def test_a_decoder_with_hooks_decodes_through_its_forward():
+    """A head mask (a pre-hook of W_o) and a user's forward hook run in the step too."""
+    model = make_model()
+    plain = decode_both(model, *source([6, 5]))
+    attention = model.get_submodule("decoder.blks.0.attention1")
+    with attention.masking_heads(torch.tensor([0.0, 1.0, 1.0, 1.0])):
+        masked = decode_both(model, *source([6, 5]))
+    for ours, book in masked:
+        assert torch.equal(ours, book)
+    assert not torch.equal(masked[-1][0], plain[-1][0])
+    calls = []
+    handle = model.decoder.blks[1].ffn.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        decode_both(model, *source([6, 5]), steps=3)
+    finally:
+        handle.remove()
+    assert len(calls) == 2 * 3  # each step, through both paths
+
+
+def test_step_cache_appends_gathers_and_refuses_overflow():
+    pool = BufferPool()
+    cache = StepCache(max_rows=4, max_steps=3, pool=pool)
+    with torch.inference_mode():
+        first = torch.arange(2 * 2 * 1 * 2.0).view(2, 2, 1, 2)  # (k and v, rows, heads, hd)
+        keys, values = cache.append(first)
+        assert keys.shape == (2, 1, 1, 2) and torch.equal(keys[:, :, 0], first[0])
+        cache.reorder(torch.tensor([1, 1, 0]))
+        second = -torch.ones(2, 3, 1, 2)
+        keys, values = cache.append(second)
+        assert keys.shape == (3, 1, 2, 2)
+        assert torch.equal(keys[:, :, 0], first[0][[1, 1, 0]])
+        assert torch.equal(values[:, :, 0], first[1][[1, 1, 0]])
+        assert torch.equal(values[:, :, 1], second[1])
+        cache.append(second)
+        with pytest.raises(ValueError, match="3 steps"):
+            cache.append(second)
+        cache.release()
+    assert len(pool.kept) == 2
+    with pytest.raises(RuntimeError, match="without gradients"):
+        DecoderState(make_model().decoder, torch.zeros(1, 2, 32), None, 1, 1)
