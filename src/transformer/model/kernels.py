@@ -75,14 +75,15 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
     queries, keys) -> the output (batch, heads, queries, head_dim) and the weights (batch,
     heads, queries, keys), as the softmax gave them (before dropout)."""
     batch_size, h, num_queries, head_dim = q.shape
-    num_keys = k.shape[2]
-    fold = lambda x: x.reshape(batch_size * h, x.shape[2], head_dim)
+    num_keys, rows = k.shape[2], batch_size * h
     if mask is not None:  # (batch, 1, q, k) -> (batch * heads, q, k)
         mask = mask.expand(batch_size, h, num_queries, num_keys).reshape(
-            batch_size * h, num_queries, num_keys)
-    scores = torch.bmm(fold(q), fold(k).transpose(1, 2)) / math.sqrt(head_dim)  # (b*h, q, k)
-    weights = masked_softmax(scores, mask)
-    output = weighted_values(dropout(weights), fold(v))  # (batch * heads, q, head_dim)
+            rows, num_queries, num_keys)
+    scores = torch.bmm(q.reshape(rows, num_queries, head_dim),
+                       k.reshape(rows, num_keys, head_dim).transpose(1, 2)) / math.sqrt(head_dim)
+    weights = masked_softmax(scores, mask)  # (batch * heads, q, k)
+    output = weighted_values(dropout(weights) if dropout.training else weights,
+                             v.reshape(rows, num_keys, head_dim))  # (batch * heads, q, head_dim)
     return (output.view(batch_size, h, num_queries, -1),
             weights.view(batch_size, h, num_queries, num_keys))
 

@@ -66,6 +66,21 @@ def _joined_qkv(attention: MultiHeadAttention) -> Callable[[Tensor], Tensor] | N
     return lambda X: linear(X, weight, bias)
 
 
+def _direct(module: nn.Module) -> Callable[[Tensor], Tensor]:
+    """What calling `module` computes (no hooks: `_has_hooks`), with the least Python per
+    call: a float `Linear`'s product and a `LayerNorm` with their parameters bound (read
+    once per search), any other module's own `forward`."""
+    if type(module) is Linear:
+        weight, bias = module.weight, module.bias
+        return lambda X: linear(X, weight, bias)
+    if type(module) is nn.LayerNorm:  # as `F.layer_norm` calls it
+        shape, weight, bias, eps = (module.normalized_shape, module.weight, module.bias,
+                                    module.eps)
+        return lambda X: torch.layer_norm(X, shape, weight, bias, eps,
+                                          torch.backends.cudnn.enabled)
+    return module.forward
+
+
 def _memory(attention: MultiHeadAttention, enc_outputs: Tensor) -> tuple[Tensor, Tensor]:
     """The keys and values of encoder-decoder attention over `enc_outputs` (batch, src_len,
     d) -> each (batch, heads, src_len, head_dim), contiguous: what its static `KVCache`
@@ -80,35 +95,38 @@ class _BlockStep:
 
     def __init__(self, block: DecoderBlock):
         a1, a2 = block.attention1, block.attention2
-        self.self_attention, self.memory_attention = a1, a2
+        self.heads1, self.dropout1 = a1.num_heads, a1.attention.dropout
+        self.heads2, self.dropout2 = a2.num_heads, a2.attention.dropout
         self.qkv = _joined_qkv(a1)
-        self.W_q1, self.W_k1, self.W_v1, self.W_o1 = (a1.W_q.forward, a1.W_k.forward,
-                                                      a1.W_v.forward, a1.W_o.forward)
-        self.W_q2, self.W_o2 = a2.W_q.forward, a2.W_o.forward
+        self.W_q1, self.W_k1, self.W_v1, self.W_o1 = map(_direct, (a1.W_q, a1.W_k, a1.W_v,
+                                                                   a1.W_o))
+        self.W_q2, self.W_o2 = _direct(a2.W_q), _direct(a2.W_o)
         ffn = block.ffn
-        self.dense1, self.activation, self.dense2 = (ffn.dense1.forward, ffn.activation.forward,
-                                                     ffn.dense2.forward)
-        self.norms = [addnorm.ln.forward for addnorm in (block.addnorm1, block.addnorm2,
-                                                         block.addnorm3)]
+        self.dense1, self.activation, self.dense2 = map(_direct, (ffn.dense1, ffn.activation,
+                                                                  ffn.dense2))
+        self.norm1, self.norm2, self.norm3 = (_direct(addnorm.ln) for addnorm in (
+            block.addnorm1, block.addnorm2, block.addnorm3))
         self.norm_first = block.addnorm1.norm_first
 
     def __call__(self, X: Tensor, cache: StepCache, memory: tuple[Tensor, Tensor],
                  memory_mask: Tensor | None) -> Tensor:
         """X (rows, d) -> (rows, d): what `DecoderBlock.forward` computes for X (rows, 1, d)
-        with a cache, dropout off."""
-        Y = self._residual(0, X, lambda x: self._self_attention(x, cache))
-        Z = self._residual(1, Y, lambda y: self._memory_attention(y, *memory, memory_mask))
-        return self._residual(2, Z, lambda z: self.dense2(self.activation(self.dense1(z))))
-
-    def _residual(self, i: int, X: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        """`AddNorm.residual` in eval mode (no dropout), norm `i`."""
+        with a cache, dropout off (`AddNorm.residual`, post-norm or pre-norm)."""
         if self.norm_first:
-            return X + sublayer(self.norms[i](X))
-        return self.norms[i](sublayer(X) + X)
+            Y = X + self._self_attention(self.norm1(X), cache)
+            Z = Y + self._memory_attention(self.norm2(Y), *memory, memory_mask)
+            return Z + self._ffn(self.norm3(Z))
+        Y = self.norm1(self._self_attention(X, cache) + X)
+        Z = self.norm2(self._memory_attention(Y, *memory, memory_mask) + Y)
+        return self.norm3(self._ffn(Z) + Z)
+
+    def _ffn(self, X: Tensor) -> Tensor:
+        """The position-wise FFN."""
+        return self.dense2(self.activation(self.dense1(X)))
 
     def _self_attention(self, X: Tensor, cache: StepCache) -> Tensor:
         """Causal self-attention of one new step per row over the cached ones."""
-        rows, h = X.shape[0], self.self_attention.num_heads
+        rows, h = X.shape[0], self.heads1
         if self.qkv is not None:
             qkv = self.qkv(X).view(rows, 3, h, -1)
             q, kv = qkv[:, 0], qkv[:, 1:].transpose(0, 1)  # (rows, h, hd), (2, rows, h, hd)
@@ -117,7 +135,7 @@ class _BlockStep:
             kv = torch.stack([W(X).view(rows, h, -1) for W in (self.W_k1, self.W_v1)])
         keys, values = cache.append(kv)  # each (rows, h, steps, head_dim)
         q = q[:, :, None]  # (rows, h, 1, head_dim)
-        output, _ = kernels.attend(q, keys, values, None, self.self_attention.attention.dropout)
+        output, _ = kernels.attend(q, keys, values, None, self.dropout1)
         return self.W_o1(output.reshape(rows, -1))  # (rows, h * head_dim)
 
     def _memory_attention(self, Y: Tensor, keys: Tensor, values: Tensor,
@@ -127,7 +145,7 @@ class _BlockStep:
         rows = Y.shape[0]
         batch, h, _, head_dim = keys.shape
         q = self.W_q2(Y).view(batch, rows // batch, h, head_dim).transpose(1, 2)
-        output, _ = kernels.attend(q, keys, values, mask, self.memory_attention.attention.dropout)
+        output, _ = kernels.attend(q, keys, values, mask, self.dropout2)
         return self.W_o2(output.transpose(1, 2).reshape(rows, -1))  # (rows, h * head_dim)
 
 
