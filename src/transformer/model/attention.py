@@ -300,16 +300,6 @@ class MultiHeadAttention(nn.Module):
         )  # (batch or 1, 1, q or 1, k) or None
         plain_causal = (causal and valid_lens is None and key_mask is None
                         and q.shape[2] == k.shape[2])  # the fused kernel builds that mask
-        merged = self.attend_heads(q, k, v, mask, plain_causal=plain_causal,
-                                   need_weights=need_weights)
-        return self.W_o(merged)  # (batch, q, num_hiddens)
-
-    def attend_heads(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
-                     plain_causal: bool = False, need_weights: bool = False) -> Tensor:
-        """Every head's attention, its queries q (batch, heads, q, head_dim) over k and v
-        (batch, heads, k, head_dim), `mask` as `masks.attention_mask` gives it, by the kernel
-        `kernels.attend` chooses; the weights kept where asked (`need_weights`) and handed to
-        the weights hooks -> the heads merged, W_o's input (batch, q, heads * head_dim)."""
         output, weights = kernels.attend(q, k, v, mask, self.attention.dropout,
                                          plain_causal=plain_causal,
                                          keep_weights=need_weights or self.is_recording)
@@ -317,7 +307,7 @@ class MultiHeadAttention(nn.Module):
             self.attention.attention_weights = weights.flatten(0, 1)
         for hook in list(self._weights_hooks.values()):
             hook(self, weights)
-        return _merge_heads(output)
+        return self.W_o(_merge_heads(output))  # (batch, q, num_hiddens)
 
     def _project(
         self, queries: Tensor, keys: Tensor, values: Tensor, cache: KVCache | None

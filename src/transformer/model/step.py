@@ -181,10 +181,12 @@ class DecoderState:
         self.caches = [StepCache(max_rows, max_steps) for _ in decoder.blks]
         self.memory = [_memory(block.attention2, enc_outputs) for block in decoder.blks]
         self._embedding, self._positions, self._final_ln = (
-            decoder.embedding.forward, decoder.pos_encoding.forward, decoder.final_ln.forward)
+            decoder.embedding.forward, decoder.pos_encoding.forward, _direct(decoder.final_ln))
         self._scale = math.sqrt(decoder.num_hiddens)
 
     def __call__(self, tokens: Tensor) -> Tensor:
+        """The newest token of each row (rows,) -> the decoder's output after it (rows,
+        num_hiddens); the caches grow by the step."""
         if self._layer_caches is not None:
             X = self.decoder(tokens[:, None], self._enc_outputs, self._enc_valid_lens,
                              self._layer_caches)[:, 0]
