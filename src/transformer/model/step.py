@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from . import kernels
-from .attention import MultiHeadAttention
+from .attention import MultiHeadAttention, _split_heads
 from .blocks import DecoderBlock, LayerCache
 from .cache import StepCache
 from .layers import Linear, linear
@@ -61,8 +61,13 @@ def _joined_qkv(attention: MultiHeadAttention) -> Callable[[Tensor], Tensor] | N
     if not all(type(layer) is Linear for layer in layers) or len(
             {layer.bias is None for layer in layers}) > 1:
         return None
-    weight = torch.cat([layer.weight for layer in layers])
-    bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
+    return _bound_linear(torch.cat([layer.weight for layer in layers]),
+                         None if layers[0].bias is None
+                         else torch.cat([layer.bias for layer in layers]))
+
+
+def _bound_linear(weight: Tensor, bias: Tensor | None) -> Callable[[Tensor], Tensor]:
+    """`layers.linear` with its parameters bound."""
     return lambda X: linear(X, weight, bias)
 
 
@@ -71,8 +76,7 @@ def _direct(module: nn.Module) -> Callable[[Tensor], Tensor]:
     call: a float `Linear`'s product and a `LayerNorm` with their parameters bound (read
     once per search), any other module's own `forward`."""
     if type(module) is Linear:
-        weight, bias = module.weight, module.bias
-        return lambda X: linear(X, weight, bias)
+        return _bound_linear(module.weight, module.bias)
     if type(module) is nn.LayerNorm:  # as `F.layer_norm` calls it
         shape, weight, bias, eps = (module.normalized_shape, module.weight, module.bias,
                                     module.eps)
@@ -85,9 +89,8 @@ def _memory(attention: MultiHeadAttention, enc_outputs: Tensor) -> tuple[Tensor,
     """The keys and values of encoder-decoder attention over `enc_outputs` (batch, src_len,
     d) -> each (batch, heads, src_len, head_dim), contiguous: what its static `KVCache`
     keeps."""
-    batch, src_len, _ = enc_outputs.shape
-    return tuple(W(enc_outputs).view(batch, src_len, attention.num_heads, -1)
-                 .transpose(1, 2).contiguous() for W in (attention.W_k, attention.W_v))
+    return tuple(_split_heads(W(enc_outputs), attention.num_heads).contiguous()
+                 for W in (attention.W_k, attention.W_v))
 
 
 class _BlockStep:
