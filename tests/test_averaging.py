@@ -102,7 +102,7 @@ def test_average_weights_refuses_checkpoints_of_different_runs(tmp_path, tokeniz
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith(f"cannot average {b} with {a}: {reason}. ")
-    assert "checkpoints of one training run" in message and "ensembling" in message
+    assert "checkpoints of one training run" in message and "--ensemble" in message
     with pytest.raises(CheckpointError, match="cannot average"):
         Translator.load([a, b], device="cpu")
 
@@ -121,7 +121,7 @@ def test_a_third_run_is_refused_after_a_checkpoint_without_an_id(tmp_path, token
 def check_refused(status: int, err: str, a: Path, b: Path, reason: str) -> None:
     assert status == 1
     assert err.count("\n") == 1 and err.startswith(f"error: cannot average {b} with {a}: ")
-    assert reason in err and "ensembling" in err
+    assert reason in err and "--ensemble" in err
 
 
 @pytest.mark.parametrize("kind", KINDS)

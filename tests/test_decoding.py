@@ -127,11 +127,12 @@ def test_requests_are_frozen_and_derived_with_replace():
 
 def test_the_command_and_the_server_take_the_same_options():
     """`OPTIONS` are `from_options`' parameters, `transformer translate`'s options and the
-    server's fields besides the sentences and their prefixes."""
+    server's fields besides the sentences, their prefixes and their constraints."""
     from transformer.deploy.serve import TranslateRequest
 
     parameters = inspect.signature(DecodingRequest.from_options).parameters
     assert set(OPTIONS) == set(parameters) - {"defaults"}
-    assert set(TranslateRequest.model_fields) - {"text", "prefix"} == set(OPTIONS)
+    assert (set(TranslateRequest.model_fields) - {"text", "prefix", "constraints"}
+            == set(OPTIONS))
     args = vars(build_parser().parse_args(["--checkpoint", "x.pt"]))
     assert set(OPTIONS) <= set(args)

@@ -159,6 +159,9 @@ def test_alignments_and_sampling_through_ctranslate2(torch_translator, ct2, expo
     with pytest.raises(RequestError, match="alignment_layer") as info:
         ct2["float32"].translations(src[:2], alignment=AlignmentOptions(layer=0))
     assert info.value.field == "alignment_layer"
+    with pytest.raises(RequestError, match="no lexically constrained search") as info:
+        ct2["float32"].translations(src[:2], constraints=[["Hund"], []])
+    assert info.value.field == "constraints"
     engine = ct2["float32"]
     assert engine.translate(src, sampling=Sampling(topk=1)) == engine.translate(src,
                                                                                  beam_size=1)

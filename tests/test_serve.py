@@ -104,6 +104,23 @@ def test_translations_in_input_order_equal_the_translators(client, translator):
     assert three["translations"] == translator.translate(LINES[:3], beam_size=2)
 
 
+def test_constraints_per_sentence(client, translator):
+    constraints = [["Hund"], [], [], ["rote", "Frau"], [], [], []]
+    body = {"text": LINES, "constraints": constraints, "ordered_constraints": True}
+    answer = client.post("/translate", json=body).json()
+    expected = translator.translations(LINES, constraints=constraints, ordered_constraints=True)
+    assert answer == {"translations": [hyps[0].text for hyps in expected],
+                      "constraints_met": [hyps[0].constraints_met for hyps in expected]}
+    assert "Hund" in answer["translations"][0]
+    wrong = client.post("/translate", json={"text": LINES, "constraints": [["Hund"]]})
+    assert error_of(wrong, 422) == "constraints"
+    empty = client.post("/translate", json={"text": LINES[:1], "constraints": [["Hund", ""]]})
+    assert error_of(empty, 422) == "constraints"
+    sampled = client.post("/translate", json={"text": LINES[:1], "constraints": [["Hund"]],
+                                              "sampling_topk": 3})
+    assert error_of(sampled, 422) == "constraints"
+
+
 def test_nbest_lists_of_text_and_score(client, translator):
     response = client.post("/translate", json={"text": LINES, "beam_size": 3, "nbest": 3})
     got = response.json()["translations"]

@@ -6,9 +6,9 @@
 With a directory, the newest `--last` numbered checkpoints (checkpoint_<updates>.pt, kept by
 trainer.keep_last) are averaged; checkpoint_last/best are not included. The checkpoints must
 come from one training run (same model, tokenizers and run id): those of independent runs are
-refused, as the mean of their weights translates badly; combining independently trained
-models is ensembling, which this package does not do. The result keeps their tokenizer and
-run id, and the first checkpoint's training config and decoding settings
+refused, as the mean of their weights translates badly; independently trained models
+decode together instead (`transformer translate --ensemble`). The result keeps their
+tokenizer and run id, and the first checkpoint's training config and decoding settings
 (`checkpoint.average_checkpoints`). `python scripts/average_checkpoints.py` is the same
 command.
 """

@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         __doc__,
         epilog=f"--nbest defaults to {NBEST} (the hypotheses scored by chrF), --beam-size to "
                f"--nbest.")
-    add_model_options(p, engines=True)
+    add_model_options(p, several=True, engines=True)
     p.add_argument("--source", type=Path, required=True, metavar="SRC",
                    help="the source side of the corpus, one sentence per line")
     p.add_argument("--reference", type=Path, required=True, metavar="REF",

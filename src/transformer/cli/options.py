@@ -35,16 +35,22 @@ __all__ = ["add_model_options", "add_device_options", "add_max_tokens", "add_chu
 
 def add_model_options(parser: argparse.ArgumentParser, *, several: bool = False,
                       engines: bool = False) -> None:
-    """`--checkpoint` (one, or with `several` several to average), with `engines` `--engine`
-    (whose export `--checkpoint` then names), `--quantize` (our engine's int8 layers), and
-    `add_device_options`."""
+    """`--checkpoint` (one, or with `several` several to average, or with `--ensemble` to
+    decode together), with `engines` `--engine` (whose export `--checkpoint` then names),
+    `--quantize` (our engine's int8 layers), and `add_device_options`."""
     parser.add_argument("--checkpoint", nargs="+" if several else None, required=True,
                         metavar="RUN_DIR_OR_PT",
                         help="checkpoint file or run directory (its best checkpoint)"
-                             + ("; several (of one training run) are averaged" if several
-                                else "")
+                             + ("; several (of one training run) are averaged, or with "
+                                "--ensemble decoded together" if several else "")
                              + (", or an export directory (transformer export)"
                                 if engines else ""))
+    if several:
+        parser.add_argument("--ensemble", action="store_true",
+                            help="decode with every --checkpoint at once (models sharing "
+                                 "their tokenizers, e.g. trained with different seeds): "
+                                 "each step takes the mean of their next-token "
+                                 "probabilities; the torch engine only")
     if engines:
         parser.add_argument("--engine", choices=("auto", *ENGINES), default="auto",
                             help="auto (ctranslate2 for an export directory, else torch), "
@@ -112,7 +118,8 @@ def check_outputs(args: argparse.Namespace, inputs: Sequence[str],
 def load_model(args: argparse.Namespace) -> BaseTranslator:
     """The translator `add_model_options`' options name (`engines.load_translator`)."""
     return load_translator(args.checkpoint, getattr(args, "engine", "torch"),
-                           device=args.device, threads=args.threads, quantize=args.quantize)
+                           device=args.device, threads=args.threads, quantize=args.quantize,
+                           ensemble=getattr(args, "ensemble", False))
 
 
 def add_decoding_options(parser: argparse.ArgumentParser, *, nbest: bool = True,

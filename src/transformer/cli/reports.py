@@ -51,22 +51,24 @@ def format_output(translation: Translation) -> str:
 
 def translate_lines(translator: BaseTranslator, lines: Iterable[str], out: TextIO,
                     request: DecodingRequest, *, chunk_lines: int = 10_000,
-                    prefixes: Sequence[str] | None = None, keep: bool = False,
+                    prefixes: Sequence[str] | None = None,
+                    constraints: Sequence[Sequence[str]] | None = None, keep: bool = False,
                     flush: bool = False, max_tokens: int = DEFAULT_MAX_TOKENS,
                     on_progress: Callable[[int], None] | None = None) -> list[str]:
     """Translate `lines` chunk by chunk (memory stays bounded), writing each chunk's
     translations to `out` in input order before reading the next chunk: one line per input
     line (`format_output`), or `request.nbest` lines in `format_nbest`'s format.
-    `prefixes`: one per input line. Returns the best translations when `keep` (for
-    scoring), else []."""
+    `prefixes`, `constraints`: one per input line. Returns the best translations when
+    `keep` (for scoring), else []."""
     kept: list[str] = []
     it = iter(lines)
     start = 0
     while chunk := list(itertools.islice(it, chunk_lines)):
-        chunk_prefixes = None if prefixes is None else prefixes[start:start + len(chunk)]
-        if chunk_prefixes is not None and len(chunk_prefixes) < len(chunk):
-            raise DataError(f"the prefixes end at line {len(prefixes)}, but the input goes on")
+        chunk_prefixes, chunk_constraints = (
+            None if per_line is None else _chunk(per_line, name, start, len(chunk))
+            for per_line, name in ((prefixes, "prefixes"), (constraints, "constraints")))
         results = translator.translations(chunk, request, prefixes=chunk_prefixes,
+                                          constraints=chunk_constraints,
                                           max_tokens=max_tokens, line_offset=start,
                                           on_progress=on_progress)
         for number, hyps in enumerate(results, start + 1):
@@ -78,9 +80,18 @@ def translate_lines(translator: BaseTranslator, lines: Iterable[str], out: TextI
         if keep:
             kept.extend(hyps[0].text for hyps in results)
         start += len(chunk)
-    if prefixes is not None and start != len(prefixes):
-        raise DataError(f"{len(prefixes)} prefixes for {start} input lines")
+    for per_line, name in ((prefixes, "prefixes"), (constraints, "constraint lines")):
+        if per_line is not None and start != len(per_line):
+            raise DataError(f"{len(per_line)} {name} for {start} input lines")
     return kept
+
+
+def _chunk(per_line: Sequence, name: str, start: int, size: int) -> Sequence:
+    """The entries of `per_line` (one per input line) for the chunk of `size` input lines
+    from line `start`; `DataError` where they end before the input does."""
+    if len(per_line) < start + size:
+        raise DataError(f"the {name} end at line {len(per_line)}, but the input goes on")
+    return per_line[start:start + size]
 
 
 def score_lines(translator: BaseTranslator, sources: Sequence[str], targets: Sequence[str],

@@ -2,6 +2,7 @@
 
     transformer serve --checkpoint RUN_DIR_OR_PT [--engine torch|ctranslate2]
         [--host 127.0.0.1] [--port 8000] [--threads N] [--device auto] [--access-log]
+    transformer serve --ensemble --checkpoint RUN_A RUN_B [...]     # models decoding together
 
 Then open http://127.0.0.1:8000/ or POST to /translate and /attention (docs/USAGE.md). The
 model is the one named here: no request can load another. Needs the `serve` extra
@@ -22,7 +23,7 @@ from .options import add_model_options, check_counts, load_model
 
 def build_parser() -> argparse.ArgumentParser:
     p = command_parser(__doc__)
-    add_model_options(p, engines=True)  # attention maps need the torch engine
+    add_model_options(p, several=True, engines=True)  # attention maps need the torch engine
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (0.0.0.0: every network interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on")

@@ -6,6 +6,8 @@
         [--paper-protocol TOKENIZED_REFERENCE [--paper-lang de]]
         [--sampling-topk K] [--sampling-topp P] [--temperature T] [--seed S]
         [--prefix FILE] [--alignment [--alignment-layer L] [--alignment-head H]]
+        [--constraints FILE [--ordered-constraints]]
+    transformer translate --ensemble --checkpoint RUN_A RUN_B [...] ...
     transformer translate --checkpoint ... --input FILE --score --reference FILE
         [--target-lang LANG]
 
@@ -29,9 +31,19 @@ prints them (BLEU with `--tokenize none` for a model trained on Multi30k's token
 published Multi30k results compute it (lowercased, Moses-normalized and -tokenized,
 `--tokenize none`).
 
+Several `--checkpoint`s are averaged (checkpoints of one training run); with `--ensemble`
+they decode together instead (models sharing their tokenizers, e.g. trained with different
+seeds; each step normalizes the mean of their log-probabilities: `model/ensemble.py`), with
+the first one's decoding defaults; alignments come from the first one.
+
 Modes: `--sampling-topk/--sampling-topp/--temperature` draw each translation at random
 (back-translation; `--seed` makes it repeatable) instead of beam search. `--prefix FILE`:
-line i's translation begins with line i of FILE (an empty line: no prefix). `--alignment`
+line i's translation begins with line i of FILE (an empty line: no prefix).
+`--constraints FILE`: line i's translation contains each phrase of line i of FILE (phrases
+separated by tabs; an empty line: none), in any order, or in the given order with
+`--ordered-constraints` (lexically constrained beam search: `decoding/constraints.py`); a
+line none of whose hypotheses meets them within the length limit gets its best translation
+without them, counted in a warning. `--alignment`
 adds a tab and the word alignment (`0-0 1-2`, source word - output word) to each output
 line, from the encoder-decoder attention of the last decoder layer averaged over heads (or
 `--alignment-layer`/`--alignment-head`). `--score --reference FILE` translates nothing: it
@@ -88,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     modes = p.add_argument_group("prefixes and scores")
     modes.add_argument("--prefix", type=Path, metavar="FILE",
                        help="one line per input line: text its translation must begin with")
+    modes.add_argument("--constraints", type=Path, metavar="FILE",
+                       help="one line per input line: the phrases (tab-separated) its "
+                            "translation must contain; an empty line: none")
+    modes.add_argument("--ordered-constraints", action="store_true",
+                       help="a line's constraints must appear in their given order")
     modes.add_argument("--score", action="store_true",
                        help="print the log-probability and normalised score of each "
                             "--reference line as the translation of the input line")
@@ -100,13 +117,15 @@ def run(args: argparse.Namespace) -> None:
         return run_score(args)
     references = read_lines(args.reference) if args.reference else None
     prefixes = read_lines(args.prefix) if args.prefix else None
+    constraints = read_constraints(args.constraints) if args.constraints else None
     paper_refs = read_lines(args.paper_protocol) if args.paper_protocol else None
     interactive = args.input is None and sys.stdin.isatty()
     total = count_lines(args.input) if args.input else None
     for path, refs in ((args.reference, references), (args.paper_protocol, paper_refs),
-                       (args.prefix, prefixes)):
+                       (args.prefix, prefixes), (args.constraints, constraints)):
         if refs is not None and total is not None and total != len(refs):
-            kind = "--prefix" if path is args.prefix else "the reference"
+            kind = ("--prefix" if path is args.prefix else "--constraints"
+                    if path is args.constraints else "the reference")
             raise DataError(f"{kind} {path} has {len(refs)} lines but the input "
                             f"{args.input} has {total}")
     if paper_refs is not None:
@@ -116,6 +135,7 @@ def run(args: argparse.Namespace) -> None:
     request = decoding_request(args, translator)
     mapped = translator.vocab_map  # CTranslate2 exports may have one
     print(f"decoding: {describe_decoding(request, translator.decoding, args)}"
+          + (f", an ensemble of {len(args.checkpoint)} models" if args.ensemble else "")
           + (f", over the candidates of a vocabulary map ({mapped['source_pieces']:,} source "
              f"pieces)" if mapped else ""), file=sys.stderr)
     with contextlib.ExitStack() as stack:
@@ -128,7 +148,7 @@ def run(args: argparse.Namespace) -> None:
             translator, iter_lines(source, str(args.input or "<stdin>")), out, request,
             chunk_lines=1 if interactive else args.chunk_lines, flush=interactive,
             keep=references is not None or paper_refs is not None, on_progress=bar.update,
-            max_tokens=args.max_tokens, prefixes=prefixes)
+            max_tokens=args.max_tokens, prefixes=prefixes, constraints=constraints)
     if references is not None:
         tokenize = _bleu_tokenize(translator)
         if tokenize == "none":
@@ -166,6 +186,12 @@ def run_score(args: argparse.Namespace) -> None:
                     target_lang=request.target_lang, on_progress=bar.update)
 
 
+def read_constraints(path: Path) -> list[list[str]]:
+    """A constraints file: per line its phrases, separated by tabs ([] for an empty
+    line)."""
+    return [line.split("\t") if line.strip() else [] for line in read_lines(path)]
+
+
 def _bleu_tokenize(translator: BaseTranslator) -> str:
     """sacrebleu's tokenizer for `--reference`: "none" for a model trained on Multi30k's
     tokenized files (`data.tokenized`: its translations are lowercased tokenized text, scored
@@ -196,6 +222,7 @@ def _check_modes(args: argparse.Namespace) -> None:
                     if getattr(args, name[2:].replace("-", "_")) is not None]
         others = [name for name, given in (
             ("--paper-protocol", args.paper_protocol), ("--prefix", args.prefix),
+            ("--constraints", args.constraints),
             ("--alignment", args.alignment), ("--nbest", args.nbest > 1),
             (sampling[0] if sampling else "", sampling)) if given]
         if others:

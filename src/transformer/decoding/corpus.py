@@ -21,6 +21,7 @@ import torch
 
 from .. import hardware
 from ..data.batching import even_rounds, pad_rows, sorted_batches
+from ..model.ensemble import Ensemble
 from ..model.transformer import Transformer
 from .request import DecodingRequest
 from .search import Hypothesis, beam_search, pad_prefixes, sample_search
@@ -30,9 +31,10 @@ __all__ = ["DEFAULT_MAX_TOKENS", "search_corpus", "decode_batches"]
 DEFAULT_MAX_TOKENS = 8192  # source tokens per decoding batch, padding included, before the beam
 
 
-def search_corpus(model: Transformer, sources: Sequence[Sequence[int]],
+def search_corpus(model: Transformer | Ensemble, sources: Sequence[Sequence[int]],
                   request: DecodingRequest = DecodingRequest(), *,
                   prefixes: Sequence[Sequence[int]] | None = None,
+                  constraints: Sequence[Sequence[Sequence[int]]] | None = None,
                   max_tokens: int = DEFAULT_MAX_TOKENS,
                   on_progress: Callable[[int], None] | None = None
                   ) -> list[list[Hypothesis]]:
@@ -41,7 +43,9 @@ def search_corpus(model: Transformer, sources: Sequence[Sequence[int]],
     by `decode_batches`, at most the tuning table's `decode_max_rows` rows, sentences x
     beam, a batch). `sources` are
     source ids with EOS appended; `prefixes`, target ids each output must begin with (one
-    list per source, [] for none). `beam_size=1` is greedy search. Sampling draws from one
+    list per source, [] for none); `constraints`, the phrases (target ids) each output must
+    contain (one list of phrases per source, [] for none; beam search only). `beam_size=1`
+    is greedy search. `model` may be an `ensemble.Ensemble`. Sampling draws from one
     generator seeded with `sampling.seed`."""
     device = model.device
 
@@ -55,7 +59,9 @@ def search_corpus(model: Transformer, sources: Sequence[Sequence[int]],
                 hash((request.sampling.seed, batch[0])) & 0x7FFF_FFFF_FFFF_FFFF)
             return [[hyp] for hyp in sample_search(model, src, src_valid_lens, request,
                                                    generator=generator, prefix=prefix)]
-        return beam_search(model, src, src_valid_lens, request, prefix=prefix)
+        return beam_search(model, src, src_valid_lens, request, prefix=prefix,
+                           constraints=None if constraints is None
+                           else [constraints[i] for i in batch])
 
     parallel = torch.get_num_threads() if device.type == "cpu" else 1
     return decode_batches(sources, search, nbest=request.nbest, max_tokens=max_tokens,

@@ -41,7 +41,7 @@ MAX_BEAM_SIZE = 1024  # hypotheses per sentence: far beyond use, within what mem
 # options (`--max-len-a`) and the server's JSON fields under these names.
 OPTIONS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "sampling_topk",
            "sampling_topp", "temperature", "seed", "alignment", "alignment_layer",
-           "alignment_head", "target_lang")
+           "alignment_head", "target_lang", "ordered_constraints")
 
 
 class RequestError(ConfigError):
@@ -163,7 +163,9 @@ class DecodingRequest:
     `use_cache=False` re-runs the decoder over the whole prefix at each step (our PyTorch
     engine only; slow; the reference for tests and benchmarks). `target_lang`: the language
     to translate into (None: the model's only one); which ones a model takes is checked by
-    `BaseTranslator.check`."""
+    `BaseTranslator.check`. `ordered_constraints`: a line's constraints (the phrases its
+    translation must contain, `constraints.ConstraintState`) must appear in their given
+    order; False: in any order."""
 
     beam_size: int = DecodingSettings.beam_size
     nbest: int = 1
@@ -174,6 +176,7 @@ class DecodingRequest:
     alignment: AlignmentOptions | None = None
     use_cache: bool = True
     target_lang: str | None = None
+    ordered_constraints: bool = False
 
     def __post_init__(self) -> None:
         _check_types(self, {})
@@ -223,11 +226,13 @@ class DecodingRequest:
                      temperature: float | None = None, seed: int | None = None,
                      alignment: bool = False, alignment_layer: int | None = None,
                      alignment_head: int | None = None,
-                     target_lang: str | None = None) -> DecodingRequest:
+                     target_lang: str | None = None,
+                     ordered_constraints: bool = False) -> DecodingRequest:
         """A request from the flat options of `transformer translate` and the server's JSON
         (None: not given): any sampling option asks for sampling (the others at their
         defaults), `alignment` for alignments (of `alignment_layer`, `alignment_head`),
-        `target_lang` the language to translate into."""
+        `target_lang` the language to translate into, `ordered_constraints` constraints
+        in their order."""
         given = [name for name, value in (("sampling_topk", sampling_topk),
                                           ("sampling_topp", sampling_topp),
                                           ("temperature", temperature)) if value is not None]
@@ -246,4 +251,5 @@ class DecodingRequest:
             -1 if alignment_layer is None else alignment_layer, alignment_head)
         return cls.over(defaults, beam_size=beam_size, nbest=nbest, alpha=alpha,
                         max_len_a=max_len_a, max_len_b=max_len_b, sampling=sampling,
-                        alignment=aligned, target_lang=target_lang)
+                        alignment=aligned, target_lang=target_lang,
+                        ordered_constraints=ordered_constraints)

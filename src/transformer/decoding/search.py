@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -49,10 +49,12 @@ from torch.nn import functional as F
 
 from .. import hardware
 from ..data.batching import pad_rows
+from ..model.ensemble import Ensemble, mean_logits, members
 from ..model.int8 import rows_per_call
 from ..model.step import DecoderState
 from ..model.transformer import Transformer, eval_mode
 from ..run.config import DecodingSettings
+from .constraints import ConstraintState
 from .request import DecodingRequest, Sampling
 
 __all__ = ["DEFAULT_ALPHA", "Hypothesis", "GREEDY", "draw", "length_penalty",
@@ -70,6 +72,9 @@ class Hypothesis:
     log_prob: float  # sum of the token log-probs, EOS included
     # encoder-decoder attention (tokens, source + EOS), where an engine was asked for it
     attention: Tensor | None = field(default=None, compare=False, repr=False)
+    # False: a constrained search's output that does not contain all its phrases (none did
+    # within the length limit)
+    constraints_met: bool = True
 
 
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
@@ -86,16 +91,6 @@ def max_output_lengths(src_valid_lens: Tensor, max_len_a: float, max_len_b: int,
     return lengths.clamp(min=1, max=max_positions - 1)
 
 
-def _next_hidden(model: Transformer, tokens: Tensor, enc_outputs: Tensor,
-                 src_valid_lens: Tensor, state: DecoderState | None) -> Tensor:
-    """The decoder's state after each row of `tokens` (rows, steps) -> (rows, d), the
-    output projection's input. With `state` only the last token is fed (the decoder's
-    step); without, the decoder re-reads the whole prefix."""
-    if state is not None:
-        return state(tokens[:, -1])
-    return model.decoder(tokens, enc_outputs, src_valid_lens)[:, -1]
-
-
 def _logits(model: Transformer, hidden: Tensor) -> Tensor:
     """Float logits of the next token from decoder states (rows, d) -> (rows, vocab), PAD
     and the start token at -inf (never generated)."""
@@ -106,30 +101,72 @@ def _logits(model: Transformer, hidden: Tensor) -> Tensor:
     return logits
 
 
-@contextlib.contextmanager
-def _encoded(model: Transformer, src: Tensor, src_valid_lens: Tensor, max_rows: int,
-             max_lens: Tensor, use_cache: bool
-             ) -> Iterator[tuple[Tensor, DecoderState | None]]:
-    """A search's start, in eval mode: the encoder outputs, and the decoder's step state for
-    at most `max_rows` rows and the steps `max_lens` allow (None without `use_cache`); when
-    the search ends, its buffers go to `cache.CACHE_BUFFERS` for the next search."""
-    with eval_mode(model):
-        enc_outputs = model.encode(src, src_valid_lens)
-        state = (DecoderState(model.decoder, enc_outputs, src_valid_lens, max_rows,
-                              int(max_lens.max()) + 1) if use_cache else None)
-        try:
-            yield enc_outputs, state
-        finally:
+class _Decoder:
+    """A search's models over its batch: each one's encoder outputs and decoder step
+    (`step.DecoderState`, or without `use_cache` the decoder re-reading the whole prefix),
+    and the next-token logits; an ensemble's are the mean of its members'
+    (`ensemble.mean_logits`: the search normalizes them as one model's).
+
+    Made when a search starts, in eval mode, for at most `max_rows` rows and the steps
+    `max_lens` allow; `release` (when the search ends) gives the step's buffers to
+    `cache.CACHE_BUFFERS` for the next search."""
+
+    def __init__(self, model: Transformer | Ensemble, src: Tensor, src_valid_lens: Tensor,
+                 max_rows: int, max_lens: Tensor, use_cache: bool):
+        self.models = members(model)
+        self.src_valid_lens = src_valid_lens
+        self.enc_outputs = [m.encode(src, src_valid_lens) for m in self.models]
+        max_steps = int(max_lens.max()) + 1
+        self.states = [DecoderState(m.decoder, enc, src_valid_lens, max_rows, max_steps)
+                       if use_cache else None
+                       for m, enc in zip(self.models, self.enc_outputs, strict=True)]
+        chunks = [rows_per_call(m.output_projection) for m in self.models]
+        # rows the output projections take at a time (int8 layers), None: any number
+        self.rows_per_call = None if None in chunks else min(chunks)
+
+    def hidden(self, tokens: Tensor) -> list[Tensor]:
+        """Each model's decoder state after each row of `tokens` (rows, steps) -> (rows,
+        d), the output projection's input. With the step, only the last token is fed;
+        without, the decoder re-reads the whole prefix."""
+        return [state(tokens[:, -1]) if state is not None
+                else m.decoder(tokens, enc, self.src_valid_lens)[:, -1]
+                for m, enc, state in zip(self.models, self.enc_outputs, self.states,
+                                         strict=True)]
+
+    def logits(self, hidden: list[Tensor], rows: slice = slice(None)) -> Tensor:
+        """The next-token logits of the rows `rows` of `hidden` -> (rows, vocab), float, a
+        fresh tensor; an ensemble's: the mean of its members' (`ensemble.mean_logits`)."""
+        return mean_logits([_logits(m, h[rows])
+                            for m, h in zip(self.models, hidden, strict=True)])
+
+    def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
+        """Keep the decoder rows `rows` (in their new order), and where given the sentences
+        `sentences` (one row per sentence: the encoder outputs)."""
+        for state in self.states:
+            if state is not None:
+                state.reorder(rows, sentences)
+        if sentences is not None and None in self.states:  # the decoder re-reads them
+            self.enc_outputs = [enc.index_select(0, sentences) for enc in self.enc_outputs]
+            self.src_valid_lens = self.src_valid_lens.index_select(0, sentences)
+
+    def release(self) -> None:
+        """Give the steps' buffers back for the next search."""
+        for state in self.states:
             if state is not None:
                 state.release()
 
 
-def _select_cache(state: DecoderState | None, rows: Tensor,
-                  sentences: Tensor | None = None) -> None:
-    """Keep/reorder the decoder rows `rows`, and the sentences `sentences` (one row per
-    sentence: the encoder-decoder keys and values), where given."""
-    if state is not None:
-        state.reorder(rows, sentences)
+@contextlib.contextmanager
+def _decoding(model: Transformer | Ensemble, src: Tensor, src_valid_lens: Tensor,
+              max_rows: int, max_lens: Tensor, use_cache: bool) -> Iterator[_Decoder]:
+    """A search's `_Decoder`, in eval mode; its buffers released when the search ends,
+    exceptions included."""
+    with eval_mode(model):
+        decoder = _Decoder(model, src, src_valid_lens, max_rows, max_lens, use_cache)
+        try:
+            yield decoder
+        finally:
+            decoder.release()
 
 
 def draw(sampling: Sampling, logits: Tensor, generator: torch.Generator | None) -> Tensor:
@@ -158,7 +195,7 @@ GREEDY = Sampling(topk=1)
 
 
 @torch.inference_mode()
-def sample_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
+def sample_search(model: Transformer | Ensemble, src: Tensor, src_valid_lens: Tensor,
                   request: DecodingRequest = DecodingRequest(beam_size=1), *,
                   generator: torch.Generator | None = None,
                   prefix: Tensor | None = None) -> list[Hypothesis]:
@@ -171,14 +208,13 @@ def sample_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
     max_lens, prefix, prefix_lens = _limits(model, src_valid_lens, request, prefix)
     outputs: list[Hypothesis] = [Hypothesis([], 0.0, 0.0)] * src.shape[0]
     forcing = _forcing_steps(max_lens, prefix_lens)
-    with _encoded(model, src, src_valid_lens, src.shape[0], max_lens,
-                  request.use_cache) as (enc_outputs, cache):
+    with _decoding(model, src, src_valid_lens, src.shape[0], max_lens,
+                   request.use_cache) as decoder:
         tokens = torch.full((src.shape[0], 1), start, dtype=torch.long, device=src.device)
         log_probs = torch.zeros(src.shape[0], device=src.device)
         sentence = torch.arange(src.shape[0], device=src.device)  # original index of each row
         for step in range(int(max_lens.max()) + 1):
-            logits = _logits(model, _next_hidden(model, tokens, enc_outputs, src_valid_lens,
-                                                 cache))
+            logits = decoder.logits(decoder.hidden(tokens))
             next_tokens = draw(sampling, logits, generator)
             if step in forcing:
                 forced = _forced(step, max_lens, prefix, prefix_lens, eos)  # (rows,)
@@ -197,15 +233,14 @@ def sample_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
             keep = (~done).nonzero().squeeze(1)
             if keep.numel() == 0:
                 break
-            tokens, enc_outputs, src_valid_lens, max_lens, sentence, log_probs, prefix, \
-                prefix_lens = (x.index_select(0, keep) for x in (
-                    tokens, enc_outputs, src_valid_lens, max_lens, sentence, log_probs,
-                    prefix, prefix_lens))
-            _select_cache(cache, keep, keep)
+            tokens, max_lens, sentence, log_probs, prefix, prefix_lens = (
+                x.index_select(0, keep) for x in (tokens, max_lens, sentence, log_probs,
+                                                  prefix, prefix_lens))
+            decoder.reorder(keep, keep)
     return outputs
 
 
-def _limits(model: Transformer, src_valid_lens: Tensor, request: DecodingRequest,
+def _limits(model: Transformer | Ensemble, src_valid_lens: Tensor, request: DecodingRequest,
             prefix: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """-> each sentence's length limit (at least its prefix), the prefix (batch, P >= 1),
     -1 padded, and its lengths (batch,)."""
@@ -241,17 +276,25 @@ def pad_prefixes(prefixes: Sequence[Sequence[int]], device: torch.device) -> Ten
 
 
 @torch.inference_mode()
-def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
+def beam_search(model: Transformer | Ensemble, src: Tensor, src_valid_lens: Tensor,
                 request: DecodingRequest = DecodingRequest(), *,
-                prefix: Tensor | None = None) -> list[list[Hypothesis]]:
+                prefix: Tensor | None = None,
+                constraints: Sequence[Sequence[Sequence[int]]] | None = None
+                ) -> list[list[Hypothesis]]:
     """Translate a batch with beam search -> the `request.nbest` best hypotheses per
     sentence, best first (see the module docstring for the search and stopping rule).
     `prefix` (batch, longest), -1 padded: tokens each output must begin with
-    (`pad_prefixes`)."""
+    (`pad_prefixes`). `constraints`: per sentence the phrases (target ids) its output must
+    contain (`constraints.ConstraintState`; in order with `request.ordered_constraints`);
+    a sentence none of whose hypotheses met them by its length limit gets those that did
+    not, `constraints_met` False."""
     k, nbest, alpha, device = request.beam_size, request.nbest, request.alpha, src.device
     start, eos = model.config.start_id, model.config.eos_id
     num_sentences = src.shape[0]
     finished: list[list[Hypothesis]] = [[] for _ in range(num_sentences)]  # best first
+    unmet: list[list[Hypothesis]] = [[] for _ in range(num_sentences)]  # constraints unmet
+    constrained = (None if constraints is None or not any(constraints) else
+                   ConstraintState(constraints, request.ordered_constraints, eos, device))
     # Per active sentence (a): original index, length limit, hypotheses finished so far,
     # the nbest-th best of their scores, and whether its best candidate has ended.
     sentence = torch.arange(num_sentences, device=device)
@@ -265,21 +308,21 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
     forcing = _forcing_steps(max_lens, prefix_lens)
     # an alive hypothesis's best final score is its log-prob / this (the longest output)
     longest_penalty = length_penalty(max_lens + 1, alpha)
-    with _encoded(model, src, src_valid_lens, num_sentences * k, max_lens,
-                  request.use_cache) as (enc_outputs, cache):
+    with _decoding(model, src, src_valid_lens, num_sentences * k, max_lens,
+                   request.use_cache) as decoder:
         # Step 0 runs one row per sentence, then each row becomes its sentence's k beams:
         # rows a * k + j. The encoder outputs and the cross-attention cache keep one row
         # per sentence: the decoder reads a sentence's rows as one row of k queries there.
         tokens = torch.full((num_sentences, 1), start, dtype=torch.long, device=device)
         for step in range(int(max_lens.max()) + 1):
             num_active, width = scores.shape
-            hidden = _next_hidden(model, tokens, enc_outputs, src_valid_lens, cache)
+            hidden = decoder.hidden(tokens)
             forced = (_forced(step, max_lens, prefix, prefix_lens, eos).repeat_interleave(width)
                       if step in forcing else None)  # (a * width,)
             # 1. The best 2k candidates: at most k end in EOS (one per row), so at least k
             #    others remain to fill the beam.
-            top_scores, beam, token = _best_candidates(model, scores, hidden, 2 * k,
-                                                       forced)  # (a, 2k)
+            top_scores, beam, token = _best_candidates(decoder, scores, hidden, 2 * k,
+                                                       forced, constrained)  # (a, 2k)
             parents = torch.arange(num_active, device=device)[:, None] * width + beam
             alive = top_scores > float("-inf")
             # 2. EOS candidates among the best k finish; the best k others go on.
@@ -287,14 +330,21 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
             going_on = alive & (token != eos)
             pick = torch.argsort((~going_on).byte(), dim=1, stable=True)[:, :k]  # (a, k)
             if bool(ended.any()):
+                if constrained is not None:  # at the length limit: EOS without them
+                    met = constrained.met_all()
+                    _collect(unmet, None, ended & ~met, tokens, parents, top_scores,
+                             sentence, step, alpha, nbest)
+                    ended &= met
                 _collect(finished, kth_score, ended, tokens, parents, top_scores, sentence,
                          step, alpha, nbest)
                 num_finished += ended.sum(1)
                 top_ended |= ended[:, 0]
+            if constrained is not None:
+                constrained.select(pick)
             rows = parents.gather(1, pick).view(-1)  # (a * k,) the hypotheses that go on
             tokens = torch.cat([tokens.index_select(0, rows), token.gather(1, pick).view(-1, 1)],
                                1)
-            _select_cache(cache, rows)
+            decoder.reorder(rows)
             scores = top_scores.gather(1, pick).masked_fill(~going_on.gather(1, pick),
                                                             float("-inf"))  # (a, k)
             # 3. A sentence stops when it has k finished hypotheses and its best candidate
@@ -309,42 +359,49 @@ def beam_search(model: Transformer, src: Tensor, src_valid_lens: Tensor,
                 keep = (~done).nonzero().squeeze(1)  # active sentences that go on
                 keep_rows = (keep[:, None] * k + ranks[:k]).view(-1)
                 scores, num_finished, kth_score, max_lens, longest_penalty, sentence, \
-                    enc_outputs, src_valid_lens, prefix, prefix_lens, top_ended = (
+                    prefix, prefix_lens, top_ended = (
                         x.index_select(0, keep) for x in (
                             scores, num_finished, kth_score, max_lens, longest_penalty,
-                            sentence, enc_outputs, src_valid_lens, prefix, prefix_lens,
-                            top_ended))
+                            sentence, prefix, prefix_lens, top_ended))
                 tokens = tokens.index_select(0, keep_rows)
-                _select_cache(cache, keep_rows, keep)
-    return [hyps[:nbest] for hyps in finished]
+                decoder.reorder(keep_rows, keep)
+                if constrained is not None:
+                    constrained.keep(keep, keep_rows)
+    return [(hyps or [replace(h, constraints_met=False) for h in fallback])[:nbest]
+            for hyps, fallback in zip(finished, unmet, strict=True)]
 
 
-def _best_candidates(model: Transformer, scores: Tensor, hidden: Tensor, k: int,
-                     forced: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+def _best_candidates(decoder: _Decoder, scores: Tensor, hidden: list[Tensor], k: int,
+                     forced: Tensor | None, constrained: ConstraintState | None
+                     ) -> tuple[Tensor, Tensor, Tensor]:
     """`_top_candidates` from the decoder states `hidden` (a * width, d): the logits of
     as many whole sentences at a time as `int8.rows_per_call` gives the output projection
     rows (an int8 layer's chunks: its logits are never joined into one (rows, vocab)
-    tensor, and each chunk's stay in the CPU's caches for their log-softmax and top-k)."""
+    tensor, and each chunk's stay in the CPU's caches for their log-softmax and top-k);
+    a constrained search's at once."""
     num_active, width = scores.shape
-    rows = rows_per_call(model.output_projection)
+    rows = decoder.rows_per_call
     per = num_active if rows is None else max(1, rows // width)  # sentences per chunk
-    if per >= num_active:
-        return _top_candidates(scores, _logits(model, hidden), k, forced)
+    if per >= num_active or constrained is not None:
+        return _top_candidates(scores, decoder.logits(hidden), k, forced, constrained)
     chunks = []
     for a in range(0, num_active, per):
         part = slice(a * width, (a + per) * width)  # the rows of sentences a to a + per
-        chunks.append(_top_candidates(scores[a:a + per], _logits(model, hidden[part]), k,
+        chunks.append(_top_candidates(scores[a:a + per], decoder.logits(hidden, part), k,
                                       None if forced is None else forced[part]))
     return tuple(torch.cat(parts) for parts in zip(*chunks, strict=True))
 
 
-def _top_candidates(scores: Tensor, logits: Tensor, k: int,
-                    forced: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+def _top_candidates(scores: Tensor, logits: Tensor, k: int, forced: Tensor | None,
+                    constrained: ConstraintState | None = None
+                    ) -> tuple[Tensor, Tensor, Tensor]:
     """The k best continuations per sentence, best first: scores (a, width), next-token
     logits (a * width, vocab) -> cumulative scores, source row within the sentence, token;
     each (a, k). A row whose `forced` (a * width,) token is not -1 may continue with that
-    token only (its log-prob kept); None: no row is forced. Missing candidates (k > width *
-    vocab: tiny test vocabularies) score -inf. `logits` is overwritten."""
+    token only (its log-prob kept); None: no row is forced. With `constrained`, EOS only
+    where a row has met its constraints, and the k are those dynamic beam allocation takes
+    (`ConstraintState.candidates`). Missing candidates (k > width * vocab: tiny test
+    vocabularies) score -inf. `logits` is overwritten."""
     num_active, width = scores.shape
     vocab_size = logits.shape[1]
     log_probs = torch.log_softmax(logits, -1, out=logits)  # (a * width, vocab), in place
@@ -353,8 +410,12 @@ def _top_candidates(scores: Tensor, logits: Tensor, k: int,
         kept = log_probs[rows, forced[rows]]
         log_probs[rows] = float("-inf")
         log_probs[rows, forced[rows]] = kept
+    if constrained is not None:
+        constrained.block_eos(log_probs, forced)
     candidates = log_probs.add_(scores.view(-1, 1)).view(num_active, width * vocab_size)
     top_scores, top_index = _topk(candidates, min(k, width * vocab_size))
+    if constrained is not None:
+        top_scores, top_index = constrained.candidates(candidates, top_index, k)
     if top_scores.shape[1] < k:
         top_scores = F.pad(top_scores, (0, k - top_scores.shape[1]), value=float("-inf"))
         top_index = F.pad(top_index, (0, k - top_index.shape[1]), value=0)
@@ -382,13 +443,13 @@ def _topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return values, columns.gather(1, picked)
 
 
-def _collect(finished: list[list[Hypothesis]], kth_score: Tensor, ended: Tensor,
+def _collect(finished: list[list[Hypothesis]], kth_score: Tensor | None, ended: Tensor,
              tokens: Tensor, parents: Tensor, top_scores: Tensor, sentence: Tensor, step: int,
              alpha: float, nbest: int) -> None:
     """Store the hypotheses that just ended (`ended` (a, 2k): candidate j of active sentence
     a, continuing row `parents[a, j]` of `tokens` (BOS + output) with EOS); update each
-    sentence's nbest-th best score. The tensors are read into lists once per step: a
-    hypothesis costs no tensor operation."""
+    sentence's nbest-th best score (where `kth_score` is given). The tensors are read into
+    lists once per step: a hypothesis costs no tensor operation."""
     penalty = length_penalty(step + 1, alpha)  # step + 1 tokens generated, EOS included
     active, candidate = ended.nonzero().unbind(1)
     log_probs = top_scores[active, candidate].tolist()
@@ -401,6 +462,6 @@ def _collect(finished: list[list[Hypothesis]], kth_score: Tensor, ended: Tensor,
         hyps.sort(key=lambda h: -h.score)
         if len(hyps) >= nbest:
             kth[a] = hyps[nbest - 1].score
-    if kth:
+    if kth and kth_score is not None:
         kth_score[list(kth)] = torch.tensor(list(kth.values()), dtype=kth_score.dtype,
                                             device=kth_score.device)

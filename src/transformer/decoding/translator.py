@@ -39,11 +39,13 @@ from ..data.batching import sorted_batches
 from ..data.store import ParallelCorpus
 from ..data.tokenizer import TokenizerPair
 from ..errors import CheckpointError, DataError, ExportError
+from ..model.ensemble import Ensemble, members
 from ..model.int8 import quantize_int8
 from ..model.loss import sentence_log_probs
 from ..model.transformer import ModelConfig, Transformer
 from ..run.checkpoint import (
     average_weights,
+    check_ensemble_member,
     check_tokenizers,
     load_checkpoint,
     model_from_checkpoint,
@@ -58,7 +60,7 @@ from ..runtime import resolve_device
 from .alignment import attention_weights, word_alignment
 from .corpus import DEFAULT_MAX_TOKENS, search_corpus
 from .request import DecodingRequest, RequestError, literal
-from .search import Hypothesis, length_penalty
+from .search import Hypothesis, length_penalty, max_output_lengths
 
 __all__ = ["Translation", "BaseTranslator", "Translator", "QUANTIZE", "check_quantize"]
 
@@ -93,6 +95,9 @@ class Translation:
     score: float  # log_prob / length_penalty(pieces + 1, alpha): how the search ranks
     log_prob: float  # the model's log-probability of the output, EOS included
     alignment: list[tuple[int, int]] | None = None  # (source word, output word), if asked
+    # False: constraints were given, and none of the hypotheses within the length limit
+    # contained them all
+    constraints_met: bool = True
 
 
 class BaseTranslator(ABC):
@@ -109,6 +114,7 @@ class BaseTranslator(ABC):
     """
 
     engine: ClassVar[str]  # "torch" or "ctranslate2"
+    constrained_search: ClassVar[bool] = True  # can `translations` take constraints
     quantize: str | None = None  # "int8": our engine's linear layers in int8 (`Translator`)
 
     def __init__(self, tokenizers: TokenizerPair, *,
@@ -255,6 +261,7 @@ class BaseTranslator(ABC):
 
     def translations(self, lines: Sequence[str], request: DecodingRequest | None = None, *,
                      prefixes: Sequence[str] | None = None,
+                     constraints: Sequence[Sequence[str]] | None = None,
                      max_tokens: int = DEFAULT_MAX_TOKENS, line_offset: int = 0,
                      on_progress: Callable[[int], None] | None = None,
                      **options: Any) -> list[list[Translation]]:
@@ -263,16 +270,27 @@ class BaseTranslator(ABC):
         How to decode: `request`, with `options` (its fields, e.g. `beam_size=4`,
         `target_lang="de"`) replaced; without a request, this translator's defaults (see
         `request`). `prefixes` (one string per line, "" for none): text each translation
-        must begin with. An empty (blank) line gives "" with score 0.0 without running the
-        model. Lines are batched by length (`max_tokens` source tokens per batch, padding
-        included). `line_offset` is added to line numbers in messages; `on_progress(n)` is
-        called as sentences are done.
+        must begin with. `constraints` (one list per line, [] for none): phrases each
+        translation must contain (lexically constrained beam search, `constraints`; in
+        their order with the request's `ordered_constraints`); a line none of whose
+        hypotheses contains them all within its length limit gets its best translation
+        without them, counted in a warning. An empty (blank) line gives "" with score 0.0
+        without running the model. Lines are batched by length (`max_tokens` source tokens
+        per batch, padding included). `line_offset` is added to line numbers in messages;
+        `on_progress(n)` is called as sentences are done.
         """
         request = self.request(request, **options)
         sources = self.encode_sources(lines, request.target_lang, line_offset=line_offset)
         targets = None if prefixes is None else self._encode_prefixes(prefixes, len(lines))
-        hyps = self._search(sources, request, prefixes=targets, max_tokens=max_tokens,
-                            on_progress=on_progress)
+        phrases = (None if constraints is None else
+                   self.encode_constraints(constraints, sources, request, line_offset))
+        hyps = self._search(sources, request, prefixes=targets, constraints=phrases,
+                            max_tokens=max_tokens, on_progress=on_progress)
+        missed = sum(not sentence[0].constraints_met for sentence in hyps if sentence)
+        if missed:
+            log.warning("%d of %d lines: no translation within the length limit contains all "
+                        "their constraints; each has its best translation without them",
+                        missed, len(lines))
         tags = (None if request.alignment is None
                 else len(self.source_tags(request.target_lang)))
         return [[self._translation(h, src, tags) for h in sentence]
@@ -291,6 +309,51 @@ class BaseTranslator(ABC):
                                 f"at most {limit - 1} before EOS")
         return ids
 
+    def encode_constraints(self, constraints: Sequence[Sequence[str]],
+                           sources: list[list[int]], request: DecodingRequest,
+                           line_offset: int = 0) -> list[list[list[int]]] | None:
+        """Target pieces of each line's constraint phrases (None where no line has any),
+        checked before anything is translated: one list per source (`encode_sources`' ids),
+        each phrase of known pieces, a line's phrases together within its translation's
+        length limit (`search.max_output_lengths`), a beam search, an engine that has a
+        constrained search (`constrained_search`). `DataError` naming the line (numbered
+        from `line_offset` + 1) and phrase, or `RequestError` naming the option."""
+        if len(constraints) != len(sources):
+            raise DataError(f"{len(constraints)} constraint lines for {len(sources)} lines: "
+                            f"give one per line (an empty one for none)")
+        if not any(constraints):
+            return None
+        if not self.constrained_search:
+            raise RequestError("constraints", f"the {self.engine} engine has no lexically "
+                                              f"constrained search: {{constraints}} need the "
+                                              f"torch engine")
+        if request.sampling is not None:
+            raise RequestError("constraints", "{constraints} need beam search: leave out "
+                                              "{sampling_topk}, {sampling_topp} and "
+                                              "{temperature}")
+        tokenizer = self.tokenizers.tgt
+        limits = max_output_lengths(torch.tensor([len(ids) for ids in sources]),
+                                    request.max_len_a, request.max_len_b,
+                                    self.model_config.max_positions).tolist()
+        encoded = []
+        for number, (phrases, limit) in enumerate(zip(constraints, limits, strict=True),
+                                                  line_offset + 1):
+            ids = tokenizer.encode_batch([p if p.strip() else "" for p in phrases])
+            for j, (phrase, pieces) in enumerate(zip(phrases, ids, strict=True), 1):
+                where = f"constraint {j} of line {number} ({phrase!r})"
+                if not pieces:
+                    raise DataError(f"{where} is no target piece: give a word or phrase")
+                if tokenizer.specials.unk in pieces:
+                    raise DataError(f"{where} has characters the target vocabulary lacks "
+                                    f"(it would be written as <unk>)")
+            total = sum(map(len, ids))
+            if ids and total > limit:
+                raise DataError(f"the constraints of line {number} have {total} target "
+                                f"pieces, more than the {limit} its translation may have "
+                                f"(max_len_a * source pieces + max_len_b)")
+            encoded.append(ids)
+        return encoded
+
     def _translation(self, hyp: Hypothesis, source: list[int],
                      tags: int | None) -> Translation:
         """A hypothesis as text, with its word alignment where asked (`tags`: how many tag
@@ -302,7 +365,8 @@ class BaseTranslator(ABC):
                 hyp.attention[:, tags:],
                 [self.tokenizers.src.id_to_piece(i) for i in source[tags:-1]],
                 [self.tokenizers.tgt.id_to_piece(i) for i in hyp.tokens])
-        return Translation(self._decode(hyp.tokens), hyp.score, hyp.log_prob, alignment)
+        return Translation(self._decode(hyp.tokens), hyp.score, hyp.log_prob, alignment,
+                           hyp.constraints_met)
 
     def score(self, sources: Sequence[str], targets: Sequence[str], *,
               alpha: float | None = None, target_lang: str | None = None,
@@ -336,11 +400,13 @@ class BaseTranslator(ABC):
 
     @abstractmethod
     def _search(self, sources: list[list[int]], request: DecodingRequest, *,
-                prefixes: list[list[int]] | None, max_tokens: int,
+                prefixes: list[list[int]] | None,
+                constraints: list[list[list[int]]] | None, max_tokens: int,
                 on_progress: Callable[[int], None] | None) -> list[list[Hypothesis]]:
         """The engine's `search_corpus` for a checked request: source ids (with EOS; [] for
         a blank line) -> `nbest` hypotheses per sentence, in input order, each with its
-        `attention` (output pieces, source pieces + EOS) when the request aligns."""
+        `attention` (output pieces, source pieces + EOS) when the request aligns. Prefixes
+        and constraint phrases: target ids per sentence."""
 
     def encode_sources(self, lines: Sequence[str], target_lang: str | None = None, *,
                        line_offset: int = 0, blank: bool = False) -> list[list[int]]:
@@ -411,8 +477,15 @@ class Translator(BaseTranslator):
 
     @property
     def model_config(self) -> ModelConfig:
-        """The model's own config (it changes when heads are pruned)."""
+        """The model's own config (it changes when heads are pruned); an ensemble's: its
+        first member's, within the positions every member has."""
         return self.model.config
+
+    @property
+    def aligner(self) -> Transformer:
+        """The model whose attention aligns and is shown: the model, or an ensemble's first
+        member."""
+        return members(self.model)[0]
 
     @property
     def num_parameters(self) -> int:
@@ -422,16 +495,21 @@ class Translator(BaseTranslator):
     @classmethod
     def load(cls, checkpoint: PathLike | Sequence[PathLike],
              device: str | torch.device = "auto", *,
-             quantize: str | None = None, threads: int | None = None) -> Translator:
+             quantize: str | None = None, threads: int | None = None,
+             ensemble: bool = False) -> Translator:
         """Load a checkpoint file or run directory; several are averaged: checkpoints of one
         training run (same model config, tokenizers and run id; others are refused,
-        `checkpoint.average_weights`), with the first one's settings. `quantize="int8"`: the
-        loaded (averaged) model's linear layers in int8, on the CPU; `threads`: its CPU
-        threads (see `Translator`).
+        `checkpoint.average_weights`), with the first one's settings. With `ensemble`,
+        several are decoded together instead (`ensemble.Ensemble`: any models sharing the
+        tokenizers, e.g. trained with different seeds), with the first one's settings.
+        `quantize="int8"`: the loaded (averaged) model's linear layers in int8, on the CPU
+        (an ensemble's: every member's); `threads`: its CPU threads (see `Translator`).
         Raises CheckpointError or ConfigError with a one-line message."""
         check_quantize(quantize, resolve_device(device))  # before reading the checkpoint
         paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
         files = [resolve_checkpoint(p) for p in paths]
+        if ensemble:
+            return cls._load_ensemble(files, device, quantize=quantize, threads=threads)
         state = load_checkpoint(files[0]) if len(files) == 1 else average_weights(files)
         name = files[0] if len(files) == 1 else f"the average of {len(files)} checkpoints"
         tokenizers = tokenizers_from_state(state, name)
@@ -442,6 +520,29 @@ class Translator(BaseTranslator):
                          quantize=quantize, threads=threads)
         translator.run_id = stored_run_id(state)
         return translator
+
+    @classmethod
+    def _load_ensemble(cls, files: list[os.PathLike], device: str | torch.device, *,
+                       quantize: str | None, threads: int | None) -> Translator:
+        """An ensemble of the checkpoints `files` (at least two, each tokenized as the first:
+        `checkpoint.check_ensemble_member`), with the first one's tokenizers, decoding
+        defaults and training config."""
+        if len(files) < 2:
+            raise CheckpointError(f"an ensemble needs at least two checkpoints, got "
+                                  f"{len(files)}: {files[0]}")
+        first = load_checkpoint(files[0])
+        models = []
+        for path in files:
+            state = first if path is files[0] else load_checkpoint(path)
+            check_ensemble_member(first, files[0], state, path)
+            models.append(model_from_checkpoint(state, path))
+        tokenizers = tokenizers_from_state(first, files[0])
+        for model, path in zip(models, files, strict=True):
+            check_tokenizers(model.config, tokenizers, path)
+        return cls(Ensemble(models), tokenizers, device,
+                   decoding=stored_decoding(first, files[0]),
+                   training_config=stored_training_config(first, files[0]),
+                   quantize=quantize, threads=threads)
 
     def _score(self, sources: list[list[int]], targets: list[list[int]], *,
                max_tokens: int) -> list[float]:
@@ -460,16 +561,18 @@ class Translator(BaseTranslator):
         return log_probs
 
     def _search(self, sources: list[list[int]], request: DecodingRequest, *,
-                prefixes: list[list[int]] | None, max_tokens: int,
+                prefixes: list[list[int]] | None,
+                constraints: list[list[list[int]]] | None, max_tokens: int,
                 on_progress: Callable[[int], None] | None) -> list[list[Hypothesis]]:
         with hardware.threads_set_to(self.threads):
             hyps = search_corpus(self.model, sources, request, prefixes=prefixes,
-                                 max_tokens=max_tokens, on_progress=on_progress)
+                                 constraints=constraints, max_tokens=max_tokens,
+                                 on_progress=on_progress)
             if request.alignment is None:
                 return hyps
             found = [(i, j) for i, sentence in enumerate(hyps) for j in range(len(sentence))
                      if sources[i]]
-            weights = attention_weights(self.model, [sources[i] for i, _ in found],
+            weights = attention_weights(self.aligner, [sources[i] for i, _ in found],
                                         [hyps[i][j].tokens for i, j in found],
                                         request.alignment, max_tokens)
         for (i, j), attention in zip(found, weights, strict=True):

@@ -84,6 +84,7 @@ class CTranslate2Translator(BaseTranslator):
     `BaseTranslator.check` checks for every engine."""
 
     engine: ClassVar[str] = "ctranslate2"
+    constrained_search: ClassVar[bool] = False  # CTranslate2 has none
 
     def __init__(self, directory: PathLike, *, device: str = "cpu",
                  threads: int | None = None):
@@ -141,7 +142,8 @@ class CTranslate2Translator(BaseTranslator):
                                "{alignment_layer} and {alignment_head} need the torch engine")
 
     def _search(self, sources: list[list[int]], request: DecodingRequest, *,
-                prefixes: list[list[int]] | None, max_tokens: int,
+                prefixes: list[list[int]] | None,
+                constraints: list[list[list[int]]] | None, max_tokens: int,
                 on_progress: Callable[[int], None] | None) -> list[list[Hypothesis]]:
         if request.sampling is not None:
             require_ctranslate2().set_random_seed(request.sampling.seed)
@@ -281,18 +283,19 @@ def engine_for(checkpoint: PathLike | Sequence[PathLike]) -> str:
 
 def load_translator(checkpoint: PathLike | Sequence[PathLike], engine: str = "auto", *,
                     device: str | torch.device = "auto", threads: int | None = None,
-                    quantize: str | None = None) -> BaseTranslator:
+                    quantize: str | None = None, ensemble: bool = False) -> BaseTranslator:
     """A translator for `engine`: "torch" loads a checkpoint file or run directory (several
-    are averaged) into `Translator` (with `quantize`, its linear layers in int8:
-    `Translator.load`); "ctranslate2" loads an export directory, whose type its export
-    chose (`quantize` refused); "auto" (the default) takes the one that reads `checkpoint`
-    (`engine_for`). `threads` sets the engine's CPU threads, its own (None: for torch, the
-    process's count now; for CTranslate2, one). Raises CheckpointError / ExportError /
-    ConfigError with one-line messages."""
+    are averaged, or with `ensemble` decoded together) into `Translator` (with `quantize`,
+    its linear layers in int8: `Translator.load`); "ctranslate2" loads an export directory,
+    whose type its export chose (`quantize` and `ensemble` refused); "auto" (the default)
+    takes the one that reads `checkpoint` (`engine_for`). `threads` sets the engine's CPU
+    threads, its own (None: for torch, the process's count now; for CTranslate2, one).
+    Raises CheckpointError / ExportError / ConfigError with one-line messages."""
     if engine == "auto":
         engine = engine_for(checkpoint)
     if engine == "torch":
-        return Translator.load(checkpoint, device=device, quantize=quantize, threads=threads)
+        return Translator.load(checkpoint, device=device, quantize=quantize, threads=threads,
+                               ensemble=ensemble)
     if engine != "ctranslate2":
         raise ConfigError(f"engine must be auto, {', '.join(ENGINES)}, got {engine!r}")
     if quantize is not None:
@@ -300,6 +303,10 @@ def load_translator(checkpoint: PathLike | Sequence[PathLike], engine: str = "au
                                        "chooses its type at export (transformer export "
                                        "--quantization int8); leave {quantize} out for an "
                                        "export directory or {engine} ctranslate2")
+    if ensemble:
+        raise ExportError("the ctranslate2 engine does not decode ensembles (CTranslate2 has "
+                          "no ensemble decoding): use the torch engine's --ensemble with the "
+                          "members' checkpoints")
     paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
     if len(paths) != 1:
         raise ExportError("the ctranslate2 engine reads one export directory; average "

@@ -9,7 +9,9 @@ Endpoints (errors are `{"error": "...", "field": "..."}` with a 4xx/5xx status):
   The other fields are `transformer translate`'s options under the same names (one
   `request.DecodingRequest`): `alpha`, `max_len_a`, `max_len_b`; `sampling_topk`,
   `sampling_topp`, `temperature`, `seed` (sampling instead of beam search); `prefix` (one
-  string per sentence that its translation must begin with); `alignment: true`
+  string per sentence that its translation must begin with); `constraints` (one list per
+  sentence of phrases its translation must contain, `[]` for none; `ordered_constraints:
+  true`: in that order; the answer adds `"constraints_met": [true, ...]`); `alignment: true`
   (`"alignments": ["0-0 1-2", ...]`, or an `"alignment"` per n-best entry), with
   `alignment_layer` and `alignment_head`; `target_lang` (`"de"`), the language to translate
   into: required by a multilingual model, one of `/info`'s `target_languages`. A bad option
@@ -17,7 +19,7 @@ Endpoints (errors are `{"error": "...", "field": "..."}` with a 4xx/5xx status):
 - `POST /attention` `{"text": "..."}` (and `target_lang`, as above) -> the sentence's
   translation, its SentencePiece pieces (a multilingual model's target-language tag first)
   and every attention layer's per-head weights, teacher-forced on that translation (the torch
-  engine only; another engine answers 501).
+  engine only; another engine answers 501; an ensemble shows its first member's).
 - `GET /health`, `GET /info` (languages, the target languages, parameters, model config,
   engine, decoding defaults, limits); `GET /` the page (`static/`: plain HTML, JS and CSS,
   nothing fetched from outside).
@@ -53,12 +55,12 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from ..decoding.alignment import format_alignment
 from ..decoding.request import DecodingRequest, RequestError
 from ..decoding.translator import BaseTranslator, Translation, Translator
-from ..errors import TransformerError
+from ..errors import DataError, TransformerError
 from ..tools.attention_maps import KINDS, attention_layers, attention_maps, axis_labels
 
 __all__ = ["MAX_SENTENCES", "MAX_CHARS", "MAX_BEAM", "MAX_BODY_BYTES", "TranslateRequest",
            "AttentionRequest", "ApiError", "read_request", "source_tokens", "BatchLimits",
-           "Batcher", "check_prefixes", "translate_response",
+           "Batcher", "check_prefixes", "check_constraints", "translate_response",
            "attention_report", "server_info", "create_app"]
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,7 @@ STATIC = Path(__file__).parent / "static"
 MAX_SENTENCES = 64  # sentences per /translate request
 MAX_CHARS = 1000  # characters per sentence (the model's position limit is checked too)
 MAX_BEAM = 16
+MAX_PHRASES = 16  # constraint phrases per sentence
 MAX_BODY_BYTES = 512 * 1024  # room for 64 x 1,000 characters, even as \uXXXX escapes
 
 
@@ -85,6 +88,10 @@ class TranslateRequest(BaseModel):
     text: Annotated[list[Sentence], Field(min_length=1, max_length=MAX_SENTENCES)]
     # One per sentence: text its translation must begin with ("" for none).
     prefix: Annotated[list[Sentence], Field(min_length=1, max_length=MAX_SENTENCES)] | None = None
+    # One list per sentence: phrases its translation must contain ([] for none).
+    constraints: Annotated[list[Annotated[list[Sentence], Field(max_length=MAX_PHRASES)]],
+                           Field(min_length=1, max_length=MAX_SENTENCES)] | None = None
+    ordered_constraints: bool = False  # the phrases in their given order
     beam_size: BeamSize | None = None  # None: the translator's default
     nbest: BeamSize = 1
     alpha: float | None = None
@@ -102,7 +109,7 @@ class TranslateRequest(BaseModel):
 
     def decoding(self, translator: BaseTranslator) -> DecodingRequest:
         """The decoding request over the translator's defaults (422 naming the field)."""
-        options = self.model_dump(exclude={"text", "prefix"})
+        options = self.model_dump(exclude={"text", "prefix", "constraints"})
         return _checked(lambda: translator.request(
             DecodingRequest.from_options(translator.decoding, **options)))
 
@@ -204,6 +211,7 @@ class BatchLimits:
 class _Job:
     lines: list[str]
     prefixes: list[str] | None
+    constraints: list[list[str]] | None
     request: DecodingRequest
     tokens: int
     future: asyncio.Future = field(repr=False)
@@ -250,9 +258,13 @@ class Batcher:
             _settle(job, error=ApiError(503, "the server is shutting down"))
 
     async def translate(self, lines: list[str], prefixes: list[str] | None,
-                        request: DecodingRequest, tokens: int) -> list[list[Translation]]:
-        """Queue the lines and wait for their n-best lists, in input order."""
-        job = _Job(lines, prefixes, request, tokens, asyncio.get_running_loop().create_future())
+                        request: DecodingRequest, tokens: int,
+                        constraints: list[list[str]] | None = None
+                        ) -> list[list[Translation]]:
+        """Queue the lines (with their prefixes and constraint phrases, where given) and
+        wait for their n-best lists, in input order."""
+        job = _Job(lines, prefixes, constraints, request, tokens,
+                   asyncio.get_running_loop().create_future())
         try:
             self._queue.put_nowait(job)
         except asyncio.QueueFull:
@@ -319,7 +331,11 @@ class Batcher:
         prefixes = None
         if any(job.prefixes is not None for job in jobs):
             prefixes = [p for job in jobs for p in (job.prefixes or [""] * len(job.lines))]
-        scored = self.translator.translations(lines, jobs[0].request, prefixes=prefixes)
+        constraints = None
+        if any(job.constraints is not None for job in jobs):
+            constraints = [c for job in jobs for c in (job.constraints or [[]] * len(job.lines))]
+        scored = self.translator.translations(lines, jobs[0].request, prefixes=prefixes,
+                                              constraints=constraints)
         self.stats.batches += 1
         self.stats.sentences += len(lines)
         results, start = [], 0
@@ -340,23 +356,48 @@ def _settle(job: _Job, *, result: Any = None, error: Exception | None = None) ->
 
 
 def check_prefixes(body: TranslateRequest) -> None:
-    """One prefix per sentence, where prefixes are given (422 naming the field)."""
+    """One prefix per sentence, where prefixes are given, and one list of constraint
+    phrases (422 naming the field)."""
     if body.prefix is not None and len(body.prefix) != len(body.text):
         raise ApiError(422, f"prefix: {len(body.prefix)} prefixes for {len(body.text)} "
                             f"sentences; give one per sentence (\"\" for none)", "prefix")
+    if body.constraints is not None and len(body.constraints) != len(body.text):
+        raise ApiError(422, f"constraints: {len(body.constraints)} lists for "
+                            f"{len(body.text)} sentences; give one per sentence ([] for none)",
+                       "constraints")
 
 
-def translate_response(results: list[list[Translation]],
-                       request: DecodingRequest) -> dict[str, Any]:
+def check_constraints(translator: BaseTranslator, body: TranslateRequest,
+                      request: DecodingRequest) -> None:
+    """The request's constraint phrases, checked before it is queued
+    (`BaseTranslator.encode_constraints`; 422 naming the field): a bad phrase must not fail
+    the batch it would share with other requests."""
+    if body.constraints is None:
+        return
+    sources = translator.encode_sources(body.text, request.target_lang)
+    try:
+        translator.encode_constraints(body.constraints, sources, request)
+    except RequestError as e:
+        raise ApiError(422, e.message(str), e.field) from None
+    except DataError as e:
+        raise ApiError(422, f"constraints: {e}", "constraints") from None
+
+
+def translate_response(results: list[list[Translation]], request: DecodingRequest,
+                       constrained: bool = False) -> dict[str, Any]:
     """The body answering /translate: translations (strings, or n-best lists of text and
-    score), and with alignments their word alignments in the same shape."""
+    score), with alignments their word alignments in the same shape, and for a request
+    with constraints whether each sentence's best translation contains them all."""
     aligned = request.alignment is not None
     if request.nbest == 1:
         answer: dict[str, Any] = {"translations": [hyps[0].text for hyps in results]}
         if aligned:
             answer["alignments"] = [format_alignment(hyps[0].alignment) for hyps in results]
-        return answer
-    return {"translations": [[_scored(t, aligned) for t in hyps] for hyps in results]}
+    else:
+        answer = {"translations": [[_scored(t, aligned) for t in hyps] for hyps in results]}
+    if constrained:
+        answer["constraints_met"] = [hyps[0].constraints_met for hyps in results]
+    return answer
 
 
 def _scored(translation: Translation, alignment: bool) -> dict[str, Any]:
@@ -375,22 +416,24 @@ def attention_report(translator: Translator, text: str,
     original indices of its remaining heads (pruned heads are absent) and the weights,
     (heads, queries, keys) as nested lists. `labels[kind]` names the queries and keys with
     SentencePiece pieces (`attention_maps.axis_labels`); the source's are those the model
-    reads (`encode_sources`: a multilingual model's tag first)."""
+    reads (`encode_sources`: a multilingual model's tag first). An ensemble shows its first
+    member's attention (`Translator.aligner`)."""
     translation = translator.translate([text], request)[0]
     tokenizers = translator.tokenizers
     target_lang = None if request is None else request.target_lang
     src_ids = translator.encode_sources([text], target_lang)[0][:-1]  # attention_maps adds EOS
     tgt_ids = tokenizers.tgt.encode(translation)
-    maps = attention_maps(translator.model, src_ids, tgt_ids)  # name -> (heads, q, k)
+    model = translator.aligner
+    maps = attention_maps(model, src_ids, tgt_ids)  # name -> (heads, q, k)
     labels = axis_labels(tokenizers, src_ids, tgt_ids)
     return {
-        "text": text, "translation": translation, "num_heads": translator.model.config.num_heads,
+        "text": text, "translation": translation, "num_heads": model.config.num_heads,
         "kinds": KINDS,
         "labels": {kind: {"queries": q, "keys": k} for kind, (q, k) in labels.items()},
         "layers": [{"name": layer.name, "kind": layer.kind, "layer": layer.layer,
                     "heads": layer.module.head_ids,
                     "weights": maps[layer.name].double().round(decimals=5).tolist()}
-                   for layer in attention_layers(translator.model)],
+                   for layer in attention_layers(model)],
     }
 
 
@@ -463,9 +506,11 @@ def create_app(translator: BaseTranslator, batching: BatchLimits = BatchLimits()
         body = await read_request(request, TranslateRequest)
         decoding = body.decoding(translator)
         check_prefixes(body)
+        check_constraints(translator, body, decoding)
         tokens = sum(source_tokens(translator, body.text))
-        results = await state["batcher"].translate(body.text, body.prefix, decoding, tokens)
-        return translate_response(results, decoding)
+        results = await state["batcher"].translate(body.text, body.prefix, decoding, tokens,
+                                                   body.constraints)
+        return translate_response(results, decoding, body.constraints is not None)
 
     @app.post("/attention", openapi_extra=_body_schema(AttentionRequest))
     async def attention(request: Request) -> dict[str, Any]:

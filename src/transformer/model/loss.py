@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ..data.store import Batch
+from .ensemble import Ensemble, mean_logits, members
 from .layers import linear_label_smoothed_cross_entropy
 from .transformer import Transformer, eval_mode
 
@@ -82,12 +83,19 @@ def teacher_forced_loss(model: Transformer, batch: Batch) -> TeacherForcedLoss:
 
 
 @torch.no_grad()
-def sentence_log_probs(model: Transformer, batch: Batch) -> Tensor:
+def sentence_log_probs(model: Transformer | Ensemble, batch: Batch) -> Tensor:
     """Each pair's log-probability of its target given its source, teacher-forced: the
     sum over the target's tokens, EOS included, (batch,) float64. Forced decoding (scoring a
-    given translation) runs on this; it is `-teacher_forced_loss(...).nll` pair by pair."""
-    with eval_mode(model):
-        log_probs, mask = _token_log_probs(model, batch)
+    given translation) runs on this; it is `-teacher_forced_loss(...).nll` pair by pair.
+    An ensemble's token log-probabilities are the normalized mean of its members', as its
+    search reads them (`ensemble.mean_logits`)."""
+    per_model = []  # each model's log-probs (N target tokens, vocab)
+    for member in members(model):
+        with eval_mode(member):
+            log_probs, mask = _token_log_probs(member, batch)
+        per_model.append(log_probs)
+    if len(per_model) > 1:
+        log_probs = torch.log_softmax(mean_logits(per_model), -1)
     picked = log_probs.gather(1, batch.tgt_out[mask][:, None]).squeeze(1).double()  # (N,)
     rows = torch.arange(mask.shape[0], device=mask.device)[:, None].expand_as(mask)[mask]
     return torch.zeros(mask.shape[0], dtype=torch.float64,

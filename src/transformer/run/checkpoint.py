@@ -59,7 +59,8 @@ __all__ = ["save_checkpoint", "resolve_checkpoint", "load_init_checkpoint", "loa
            "check_model_config", "model_from_checkpoint",
            "tokenizers_to_state", "tokenizers_from_state", "check_tokenizers",
            "stored_training_config", "stored_decoding", "stored_run_id", "run_id_for",
-           "inference_checkpoint", "check_averageable", "average_weights",
+           "inference_checkpoint", "check_averageable", "check_ensemble_member",
+           "average_weights",
            "average_checkpoints", "LAST", "BEST",
            "numbered_checkpoint_path", "numbered_checkpoints", "prune_checkpoints",
            "copy_checkpoint", "rng_state", "set_rng_state"]
@@ -317,6 +318,21 @@ def _averaging_conflict(a: dict, b: dict) -> str | None:
     return None
 
 
+def check_ensemble_member(state: dict, path: PathLike, other: dict,
+                          other_path: PathLike) -> None:
+    """Raise CheckpointError, one line naming both files, unless the checkpoint `other` may
+    join `state` in an ensemble (`ensemble.Ensemble`): the same tokenizers, source and
+    target (one encoding of the sources feeds every member, and their next-token
+    distributions are over one vocabulary). Architectures and training runs may differ."""
+    stored, stored_other = state.get("tokenizer") or {}, other.get("tokenizer") or {}
+    sides = [side for side in ("src", "tgt") if stored.get(side) != stored_other.get(side)]
+    if sides:
+        which = " and ".join({"src": "source", "tgt": "target"}[side] for side in sides)
+        raise CheckpointError(f"cannot ensemble {other_path} with {path}: their {which} "
+                              f"tokenizers differ; ensemble members must share both "
+                              f"vocabularies")
+
+
 def check_averageable(state: dict, path: PathLike, other: dict, other_path: PathLike) -> None:
     """Raise CheckpointError, one line naming both files, unless the checkpoints `state`
     and `other` may be averaged: the same model config and tokenizers, and the same run id
@@ -327,8 +343,8 @@ def check_averageable(state: dict, path: PathLike, other: dict, other_path: Path
     if reason is not None:
         raise CheckpointError(
             f"cannot average {other_path} with {path}: {reason}. Averaging is for checkpoints "
-            f"of one training run; combining independently trained models is ensembling, "
-            f"which this package does not do yet")
+            f"of one training run; independently trained models decode together "
+            f"as an ensemble instead (--ensemble)")
 
 
 def average_weights(paths: Sequence[PathLike]) -> dict[str, Any]:
