@@ -17,6 +17,7 @@ from transformer.decoding.request import DecodingRequest, RequestError, Sampling
 from transformer.decoding.search import beam_search
 from transformer.decoding.translator import Translator
 from transformer.errors import DataError
+from transformer.model.ensemble import Ensemble
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -50,6 +51,16 @@ def test_every_phrase_appears(model, beam_size):
         for hyp in sentence:
             assert hyp.constraints_met
             assert all(contains(hyp.tokens, phrase) >= 0 for phrase in phrases)
+
+
+def test_an_ensemble_meets_its_constraints(model):
+    ensemble = Ensemble([model, random_model(seed=5, eos_logit=2.5)])
+    src, lens = random_batch(batch=8)
+    constraints = random_constraints(8, seed=11)
+    hyps = beam_search(ensemble, src, lens, DecodingRequest(beam_size=3, max_len_b=20),
+                       constraints=constraints)
+    for sentence, phrases in zip(hyps, constraints, strict=True):
+        assert all(contains(sentence[0].tokens, phrase) >= 0 for phrase in phrases)
 
 
 def test_ordered_phrases_appear_in_order(model):
