@@ -155,6 +155,16 @@ def test_translator_constraints_appear_and_leave_other_lines_alone(translator):
     assert translator.translate(LINES, constraints=[[]] * len(LINES)) == plain
 
 
+def test_constraints_the_length_limit_leaves_no_room_for_are_counted(translator, caplog):
+    """A prefix fills the length limit: the constraint cannot follow, and the line gets its
+    best translation without it, counted in a warning."""
+    got = translator.translations(LINES[:1], constraints=[["Hund"]], prefixes=["Ein Mann"],
+                                  max_len_a=0, max_len_b=2)
+    assert not got[0][0].constraints_met and "Hund" not in got[0][0].text
+    assert got[0][0].text.startswith("Ein Mann")
+    assert "1 of 1 lines: no translation within the length limit" in caplog.text
+
+
 def test_translator_refuses_bad_constraints_in_one_line(translator, copy_checkpoint):
     with pytest.raises(DataError, match="3 constraint lines for 4 lines"):
         translator.translate(LINES, constraints=[["Hund"]] * 3)

@@ -192,6 +192,21 @@ def test_ensemble_refusals_name_what_differs(members, tmp_path, copy_checkpoint)
         Translator.load([members[0], members[2]], device="cpu")
 
 
+def test_the_server_serves_an_ensemble(members):
+    from fastapi.testclient import TestClient
+
+    from transformer.deploy.serve import create_app
+
+    ensemble = Translator.load(members, device="cpu", ensemble=True)
+    with TestClient(create_app(ensemble)) as client:
+        answer = client.post("/translate", json={"text": LINES, "beam_size": 3}).json()
+        assert answer == {"translations": ensemble.translate(LINES, beam_size=3)}
+        heads = client.post("/attention", json={"text": LINES[0]}).json()
+        first = Translator.load(members[0], device="cpu").model
+        assert len(heads["layers"]) == 3 * 2  # the first member's 2 + 2 blocks' layers
+        assert heads["num_heads"] == first.config.num_heads
+
+
 def test_translate_command_ensemble(members, tmp_path, capsys):
     source = tmp_path / "in.en"
     source.write_text("\n".join(LINES) + "\n")

@@ -58,6 +58,7 @@ class ConstraintState:
                                                           -1)  # (a, P, L)
         self.lengths = (self.phrases >= 0).sum(-1)  # (a, P)
         self.total = self.lengths.sum(-1)  # (a,) constraint tokens of each sentence
+        self.max_bank = int(self.total.max())  # the most constraint tokens of any sentence
         self.ordered, self.eos = ordered, eos
         self.met = self.lengths == 0  # (rows, P); at step 0 one row per sentence
         self.current = torch.full((len(constraints),), -1, device=device)  # (rows,)
@@ -92,7 +93,7 @@ class ConstraintState:
         parents = torch.arange(a, device=index.device)[:, None] * width + index // vocab
         met, current, position = self._advance(parents, index % vocab)  # (a, M, P), (a, M)
         bank = (met * self.lengths[:, None, :]).sum(-1) + position  # tokens produced
-        order = stripe(scores, bank, int(self.total.max()))[:, :k]  # (a, k)
+        order = stripe(scores, bank, self.max_bank)[:, :k]  # (a, k)
         self._pending = (met[torch.arange(a, device=order.device)[:, None], order],
                          current.gather(1, order), position.gather(1, order))
         return scores.gather(1, order), index.gather(1, order)

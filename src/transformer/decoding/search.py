@@ -35,6 +35,12 @@ and CTranslate2 search:
 
 Sampling (`request.Sampling`, `sample_search`) draws each token instead (back-translation);
 top-k 1 is greedy search.
+
+Both search with one model or an `ensemble.Ensemble` alike (`_Decoder`): each member reads
+the batch with its own encoder outputs and step, and the search normalizes the mean of
+their logits as one model's. Beam search with constraints (phrases each output must
+contain) picks its 2k candidates by dynamic beam allocation (`constraints.ConstraintState`)
+instead of by score alone.
 """
 
 from __future__ import annotations

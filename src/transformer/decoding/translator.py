@@ -6,6 +6,8 @@
     translator.translations(lines, translator.request(nbest=3, alpha=2.0))   # the same object
     translator.translate(lines, target_lang="fr")     # a multilingual model: into French
     translator = Translator.load("runs/x", device="cpu", quantize="int8")   # int8 linear layers
+    translator = Translator.load(["runs/a", "runs/b"], ensemble=True)   # two models together
+    translator.translate(lines, constraints=[["Vertrag"], []])     # phrases each must contain
 
 `BaseTranslator` is the interface every engine offers (ours here, CTranslate2's in
 `engines.py`), and all that `transformer translate`, the server and the export rely on. Every
@@ -347,7 +349,7 @@ class BaseTranslator(ABC):
                     raise DataError(f"{where} has characters the target vocabulary lacks "
                                     f"(it would be written as <unk>)")
             total = sum(map(len, ids))
-            if ids and total > limit:
+            if sources[number - line_offset - 1] and total > limit:  # a blank line: ""
                 raise DataError(f"the constraints of line {number} have {total} target "
                                 f"pieces, more than the {limit} its translation may have "
                                 f"(max_len_a * source pieces + max_len_b)")
@@ -442,8 +444,8 @@ class BaseTranslator(ABC):
 
 
 class Translator(BaseTranslator):
-    """Our PyTorch engine: a model, its tokenizers and its decoding defaults, ready to
-    translate raw sentences.
+    """Our PyTorch engine: a model (or an `ensemble.Ensemble` of several), its tokenizers
+    and its decoding defaults, ready to translate raw sentences.
 
     `decoding` defaults to those stored in the checkpoint by `transformer tune-decoding`
     (alpha and beam size chosen on validation data), else `DecodingSettings()`. `quantize`
@@ -460,7 +462,7 @@ class Translator(BaseTranslator):
     run_id: str | None = None  # the training run of its checkpoint(s) (`load`), kept by the
     # checkpoints written from it (`transformer tune-decoding`, `prune-heads`)
 
-    def __init__(self, model: Transformer, tokenizers: TokenizerPair,
+    def __init__(self, model: Transformer | Ensemble, tokenizers: TokenizerPair,
                  device: str | torch.device = "cpu", *,
                  decoding: DecodingSettings = DecodingSettings(),
                  training_config: TrainConfig | None = None,
