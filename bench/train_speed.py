@@ -1,7 +1,7 @@
 """How fast does our Transformer train, and in how much memory, against torch.nn.Transformer
 of the same size?
 
-    python bench/train_speed.py [--steps 10] [--warmup 2] [--sizes tiny small]
+    python bench/train_speed.py [--steps 10] [--warmup 2] [--rounds 3] [--sizes tiny small]
                                 [--max-tokens 4096 [one per size]] [--data-root DIR]
                                 [--device cpu|cuda] [--tf32] [--bf16]
                                 [--cudnn-attention on|off|both] [--peak-tflops T]
@@ -12,7 +12,9 @@ Both models have the same dimensions (model presets `tiny`, `small`, `base`), th
 embedding x sqrt(d) + sinusoidal positions, the same dropout on residuals/FFN and none on the
 attention weights, the same label-smoothed loss, the same fused Adam and the same real
 Multi30k batches (max_tokens 4096 by default, vocab 8000), stepped alternately in one run so
-machine noise hits both alike. One table row per size and setting: float32 by default;
+machine noise hits both alike, the timed steps `--rounds` times: ours/ref is the median of
+the rounds' ratios, printed with their range (how far the machine's drift moves it). One
+table row per size and setting: float32 by default;
 `--tf32` adds rows with float32 matrix products on TF32 tensor cores, `--bf16` rows under bf16
 autocast (TF32 for what stays float32), and `--cudnn-attention both` repeats every row with
 scaled_dot_product_attention's cuDNN kernel off (`transformer.runtime.configure_cuda`; TF32
@@ -51,7 +53,11 @@ the weighted sum 2 d per query-key pair, causal pairs only in the decoder). Trai
 3 x forward (the backward pass computes two products per forward one), 2 FLOPs per
 multiply-add: FLOPs = 6 x multiply-adds. The peak: --peak-tflops (one number for every row),
 else on a known GPU the dense peak of its datasheet (NVIDIA H200 SXM: bf16 989.5 TFLOP/s,
-TF32 494.7, float32 66.9), else n/a.
+TF32 494.7, float32 66.9), else n/a; on a CPU the threads x the clock /proc/cpuinfo reports
+x the FLOPs a core's vector units can do per cycle for the row's precision
+(`cpu_flops_per_cycle`, from the instruction sets and the family: two FMA units, AVX-512's
+16 float32 lanes or 8 on Zen 4 and AVX2; bf16 twice that with AVX512-BF16, 1,024 on AMX
+tiles). A VM reports its host's base clock, not the turbo the cores may run at.
 
 On a shared machine, OpenMP's spin-waiting threads slow everything down by up to 10x when
 another process holds a core; OMP_WAIT_POLICY=PASSIVE keeps absolute numbers meaningful
@@ -63,6 +69,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -78,6 +85,7 @@ from torch import Tensor, nn
 from transformer.data.multi30k import DEFAULT_ROOT
 from transformer.data.store import Batch
 from transformer.data.tokenizer import PAD_ID
+from transformer.hardware import cpu_info
 from transformer.model.loss import LabelSmoothedLoss
 from transformer.model.transformer import ModelConfig, PositionalEncoding, Transformer
 from transformer.run.compose import compose_config
@@ -237,12 +245,12 @@ def peak_rss(kind: str, size: str, steps: int, data_root: str, max_tokens: int) 
 def time_size(size: str, data: Data, steps: int, warmup: int, compile_model: bool,
               kinds: tuple[str, ...] = ("ours", "ref"), device: str = "cpu",
               settings: tuple[Setting, ...] = (Setting(),),
-              extra_kinds: tuple[str, ...] = ()) -> dict:
+              extra_kinds: tuple[str, ...] = (), rounds: int = 1) -> dict:
     """Alternate the contenders (each kind under each setting, `extra_kinds` under the first
-    setting only, ours_compiled among them under every setting) over the same batches:
-    seconds (timed steps; `warmup_seconds`: the warm-up steps, a compilation's cost), peak
-    GPU bytes (CUDA) and the totals of target tokens and training FLOPs of the timed
-    batches."""
+    setting only, ours_compiled among them under every setting) over the same batches, the
+    timed ones `rounds` times: seconds per round (`round_seconds`) and in all (timed steps;
+    `warmup_seconds`: the warm-up steps, a compilation's cost), peak GPU bytes (CUDA) and
+    the totals of target tokens and training FLOPs of one round's batches."""
     cpu_batches = [data.train.collate(i) for i in data.train_batches(1)[: warmup + steps]]
     batches = [b.to(device) for b in cpu_batches]
     vocab = data.tokenizers.src.vocab_size
@@ -255,7 +263,11 @@ def time_size(size: str, data: Data, steps: int, warmup: int, compile_model: boo
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     seconds, growth = dict.fromkeys(contenders, 0.0), dict.fromkeys(contenders, 0)
     warmup_seconds = dict.fromkeys(contenders, 0.0)
-    for i, batch in enumerate(batches):
+    round_seconds = {key: [0.0] * rounds for key in contenders}
+    schedule = [*enumerate(batches[:warmup]),
+                *((warmup + r * steps + j, b) for r in range(rounds)
+                  for j, b in enumerate(batches[warmup:]))]
+    for i, batch in schedule:
         for key, contender in contenders.items():
             key[1].apply(device)
             sync()
@@ -267,13 +279,15 @@ def time_size(size: str, data: Data, steps: int, warmup: int, compile_model: boo
             sync()
             if i >= warmup:
                 seconds[key] += time.perf_counter() - start
+                round_seconds[key][(i - warmup) // steps] += time.perf_counter() - start
             else:
                 warmup_seconds[key] += time.perf_counter() - start
             if cuda:
                 growth[key] = max(growth[key], torch.cuda.max_memory_allocated(device) - before)
     timed = cpu_batches[warmup:]
     config = model_config(size, vocab)
-    return {"seconds": seconds, "warmup_seconds": warmup_seconds, "steps": steps,
+    return {"seconds": {key: t / rounds for key, t in seconds.items()},
+            "round_seconds": round_seconds, "warmup_seconds": warmup_seconds, "steps": steps,
             "gpu_bytes": ({key: c.state_bytes() + growth[key] for key, c in contenders.items()}
                           if cuda else {}),
             "tokens": sum(b.num_tgt_tokens for b in timed),
@@ -290,7 +304,34 @@ def peak_tflops(device: str, precision: str, override: float | None) -> float | 
         for part, peaks in PEAK_TFLOPS.items():
             if part in name:
                 return peaks[precision]
-    return None
+        return None
+    flops, _ = cpu_flops_per_cycle(precision)
+    clock = cpu_info("cpu MHz")
+    return None if clock is None else torch.get_num_threads() * float(clock) * flops / 1e6
+
+
+def cpu_flops_per_cycle(precision: str) -> tuple[int, str]:
+    """A CPU core's peak FLOPs per cycle for `precision`'s matrix products, and why: two
+    FMA units a core (Intel's AVX-512 server cores, Zen 5; Zen 4 runs AVX-512 on 256-bit
+    units, AVX2 cores on 256-bit ones), 2 FLOPs per lane and FMA; bf16 doubles the lanes
+    where AVX512-BF16 has them natively (`vdpbf16ps`), and an AMX tile multiply does 1,024
+    bf16 FLOPs a cycle (Intel's figure for Sapphire Rapids); bf16 without either is
+    emulated in float32."""
+    flags = set((cpu_info("flags") or "").split())
+    family = cpu_info("cpu family")
+    if "avx512f" in flags:
+        lanes, why = (8, "Zen 4: AVX-512 on 256-bit units") if family == "25" else (
+            16, "AVX-512, two FMA units")
+    else:
+        lanes, why = 8, "AVX2, two 256-bit FMA units"
+    fp32 = 2 * lanes * 2
+    if precision != "bf16":
+        return fp32, why
+    if "amx_bf16" in flags:
+        return 1024, "AMX tiles, bf16"
+    if "avx512_bf16" in flags:
+        return 2 * fp32, why + ", AVX512-BF16"
+    return fp32, why + ", bf16 emulated in float32"
 
 
 def cell(value: float | None, width: int, spec: str) -> str:
@@ -303,12 +344,16 @@ def table_row(size: str, label: str, r: dict, setting: Setting, rss: dict[str, f
               peak: float | None) -> str:
     """One row of the table: `r` from time_size, `rss` peak RSS by kind, `peak` TFLOP/s."""
     o, f, n = r["seconds"]["ours", setting], r["seconds"]["ref", setting], r["tokens"]
+    ratios = sorted(ref / ours for ours, ref in zip(r["round_seconds"]["ours", setting],
+                                                   r["round_seconds"]["ref", setting],
+                                                   strict=True))
     mfu = {kind: None if peak is None else r["flops"] / t / (peak * 1e12)
            for kind, t in (("ours", o), ("ref", f))}
     gpu = {kind: r["gpu_bytes"][kind, setting] / 2**20 if r["gpu_bytes"] else None
            for kind in ("ours", "ref")}
     return (f"{size:<7}{label:<14}{r['steps'] / o:>11.2f}{r['steps'] / f:>10.2f}"
-            f"{n / o:>11.0f}{n / f:>10.0f}{f / o:>8.2f}x"
+            f"{n / o:>11.0f}{n / f:>10.0f}{statistics.median(ratios):>8.2f}x"
+            f"{f'{ratios[0]:.2f}-{ratios[-1]:.2f}x':>13}"
             f"{cell(rss.get('ours'), 9, '.0f')}{cell(rss.get('ref'), 8, '.0f')}"
             f"{cell(mfu['ours'], 9, '.1%')}{cell(mfu['ref'], 8, '.1%')}"
             f"{cell(gpu['ours'], 13, '.0f')}{cell(gpu['ref'], 12, '.0f')}")
@@ -318,6 +363,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10, help="timed steps per model and size")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="times the timed steps run (alternating the models): ours/ref "
+                             "is the median of the rounds' ratios, with their range")
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small"])
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile both models (slow first steps: raise --warmup)")
@@ -372,21 +420,26 @@ def main() -> None:
     print("ref = torch.nn.Transformer, output projection over all positions; "
           "ours = projection on non-pad positions only, fused into the loss")
     peaks = {p: peak_tflops(args.device, p, args.peak_tflops) for p in precisions}
-    print("MFU against " + (", ".join(f"{p} {peaks[p]:g}" for p in precisions)
+    print("MFU against " + (", ".join(f"{p} {peaks[p]:.3g}" for p in precisions)
                             + " TFLOP/s" if peaks[precisions[0]] is not None
                             else "n/a: no known peak for this device (--peak-tflops)"))
+    if not cuda and args.peak_tflops is None and peaks[precisions[0]] is not None:
+        print("  (the CPU's peak: threads x /proc/cpuinfo's clock, "
+              f"{cpu_info('cpu MHz')} MHz, x FLOPs per cycle and core: " + "; ".join(
+                  f"{p} {cpu_flops_per_cycle(p)[0]} ({cpu_flops_per_cycle(p)[1]})"
+                  for p in precisions) + "; a VM's clock is its host's base clock)")
     if cuda:
         print("CUDA switches per row (transformer.runtime.configure_cuda): fp32 IEEE float32 "
               "matrix products, tf32 and bf16 TF32; cuDNN attention allowed unless noCuDNN")
     header = (f"{'model':<7}{'setting':<14}{'ours upd/s':>11}{'ref upd/s':>10}"
-              f"{'ours tok/s':>11}{'ref tok/s':>10}{'ours/ref':>9}{'ours MiB':>9}"
+              f"{'ours tok/s':>11}{'ref tok/s':>10}{'ours/ref':>9}{'rounds':>13}{'ours MiB':>9}"
               f"{'ref MiB':>8}{'ours MFU':>9}{'ref MFU':>8}{'ours GPU MiB':>13}"
               f"{'ref GPU MiB':>12}")
     rows = []
     for size in args.sizes:
         data = load_bench_data(args.data_root, max_tokens[size])
         r = time_size(size, data, args.steps, args.warmup, args.compile, ("ours", "ref"),
-                      args.device, settings, extra_kinds)
+                      args.device, settings, extra_kinds, args.rounds)
         rss = ({} if args.no_memory or cuda else
                {kind: peak_rss(kind, size, min(args.steps, 3), args.data_root,
                                max_tokens[size]) for kind in ("ours", "ref")})
