@@ -5,8 +5,8 @@
 
 At each step every member reads the sentence with its own encoder output and key/value
 cache, and the ensemble's next-token distribution is the **mean of the members'
-log-probabilities**, normalized (as OpenNMT-py and Marian combine them; the normalized
-geometric mean of their probabilities):
+log-probabilities** (OpenNMT-py's and Marian's combination), normalized: the normalized
+geometric mean of their probabilities,
 
     log p(y | x, prefix) = log_softmax( 1/N * sum_i log p_i(y | x, prefix) )
                          = log_softmax( 1/N * sum_i logits_i )
