@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,7 +25,12 @@ from transformer.model.loss import LabelSmoothedLoss
 from transformer.model.transformer import ModelConfig, Transformer
 from transformer.run import checkpoint as ckpt
 from transformer.run.compose import compose_config
-from transformer.runtime import DistEnv, cpu_has_native_bf16, resolve_precision
+from transformer.runtime import (
+    DistEnv,
+    cpu_has_native_bf16,
+    peak_resident_bytes,
+    resolve_precision,
+)
 from transformer.tools.plots import validation_curve
 from transformer.training.optimizer import build_optimizer, decayed_parameters
 from transformer.training.schedule import lr_lambda
@@ -88,6 +94,9 @@ def test_smoke_experiment_learns_and_writes_the_run_directory(tmp_path, multi30k
         assert (tmp_path / name).is_file(), name
     log_text = (tmp_path / "train.log").read_text()
     assert log_text.count("| valid loss") == 2 and "bleu" in log_text and "tok/s" in log_text
+    # the last line: the process's peak resident memory, as /proc/self/status has it now
+    resident = float(re.search(r"peak resident memory ([0-9.]+) GiB", log_text)[1])
+    assert 0.05 < resident <= peak_resident_bytes() / 2**30 + 0.005
 
     state = ckpt.load_checkpoint(tmp_path / "checkpoints/checkpoint_last.pt")
     assert state["train_state"]["num_updates"] == 12

@@ -28,7 +28,7 @@ from .errors import ConfigError
 from .hardware import cpu_has_native_bf16
 
 __all__ = ["resolve_device", "device_index", "DistEnv", "init_distributed", "Precision",
-           "resolve_precision", "configure_cuda", "prefetched"]
+           "resolve_precision", "configure_cuda", "peak_resident_bytes", "prefetched"]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -179,6 +179,19 @@ def configure_cuda(tf32: bool, cudnn_attention: bool) -> str:
 
 
 # ---- the prefetch thread ----------------------------------------------------------------
+
+
+def peak_resident_bytes() -> int | None:
+    """This process's peak resident memory (Linux's VmHWM: the most RAM it has held at
+    once), or None where /proc cannot tell."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def prefetched(make: Callable[[T], U], items: Sequence[T], depth: int) -> Iterator[U]:

@@ -56,6 +56,7 @@ from ..runtime import (
     DistEnv,
     configure_cuda,
     init_distributed,
+    peak_resident_bytes,
     prefetched,
     resolve_device,
     resolve_precision,
@@ -302,8 +303,10 @@ class Trainer:
         elif self.state.last_validation != self.state.num_updates:
             valid = self.validate_and_save().metrics
         s = self.state
+        resident = peak_resident_bytes()
         memory = (f"; peak GPU memory {torch.cuda.max_memory_allocated(self.device) / 2**30:.2f}"
-                  " GiB" if self.device.type == "cuda" else "")
+                  " GiB" if self.device.type == "cuda" else
+                  "" if resident is None else f"; peak resident memory {resident / 2**30:.2f} GiB")
         log.info("stopped (%s) in epoch %d after %d updates (%s target tokens), %.0f s; best "
                  "BLEU %.2f; checkpoints in %s%s", reason, s.trained_epoch, s.num_updates,
                  f"{s.target_tokens:,}", s.train_time, s.best_bleu, self.ckpt_dir, memory)
