@@ -11,7 +11,7 @@ constrained lines without and with them, and the same for random constraints (a 
 another line's reference that neither this line's reference nor its translation has: the
 cost to fluency of a term that does not belong). Timing: the whole test set without and
 with the reference constraints, in turn for `--rounds` rounds (`paired_passes`), one engine
-in this one process; must hold: at most 3x.
+in this one process; the target: at most 3x.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def main() -> None:
     print(f"time: unconstrained {statistics.median(seconds['unconstrained']):.2f} s, "
           f"constrained {statistics.median(seconds['constrained']):.2f} s; median "
           f"{statistics.median(ratios):.2f}x (rounds {' '.join(f'{r:.2f}x' for r in ratios)});"
-          f" must hold: <= 3x")
+          f" target: <= 3x")
 
 
 if __name__ == "__main__":
