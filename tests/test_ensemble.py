@@ -5,6 +5,7 @@ log-probabilities, and one model (an ensemble of copies of it decodes exactly as
 from __future__ import annotations
 
 import copy
+import gzip
 from dataclasses import replace
 
 import pytest
@@ -215,4 +216,10 @@ def test_translate_command_ensemble(members, tmp_path, capsys):
                                    "--input", str(source), "--output", str(out),
                                    "--beam-size", "3", "--device", "cpu"]) == 0
     ensemble = Translator.load(members, device="cpu", ensemble=True)
+    assert out.read_text().splitlines() == ensemble.translate(LINES, beam_size=3)
+    packed = tmp_path / "in.en.gz"  # a gzipped input reads as the plain one
+    packed.write_bytes(gzip.compress(source.read_bytes()))
+    assert translate_command.main(["--checkpoint", *map(str, members), "--ensemble",
+                                   "--input", str(packed), "--output", str(out),
+                                   "--beam-size", "3", "--device", "cpu"]) == 0
     assert out.read_text().splitlines() == ensemble.translate(LINES, beam_size=3)

@@ -63,7 +63,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..data.text import count_lines, iter_lines, read_lines
+from ..data.text import count_lines, iter_lines, open_binary, read_lines
 from ..decoding.translator import BaseTranslator
 from ..errors import ConfigError, DataError
 from ..files import atomic_write
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> None:
           + (f", over the candidates of a vocabulary map ({mapped['source_pieces']:,} source "
              f"pieces)" if mapped else ""), file=sys.stderr)
     with contextlib.ExitStack() as stack:
-        source = (stack.enter_context(open(args.input, "rb")) if args.input
+        source = (stack.enter_context(open_binary(args.input)) if args.input
                   else sys.stdin.buffer)
         out = (stack.enter_context(atomic_write(args.output, text=True)) if args.output
                else sys.stdout)

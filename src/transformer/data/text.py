@@ -29,7 +29,8 @@ from typing import BinaryIO, Union
 
 from ..errors import DataError
 
-__all__ = ["iter_line_blocks", "read_lines", "iter_lines", "count_lines", "check_aligned",
+__all__ = ["open_binary", "iter_line_blocks", "read_lines", "iter_lines", "count_lines",
+           "check_aligned",
            "ParallelText", "non_empty", "iter_parallel", "read_parallel"]
 
 log = logging.getLogger(__name__)
@@ -53,15 +54,16 @@ def _clean(line: str) -> str:
 BLOCK_BYTES = 1 << 22  # bytes decoded at a time when streaming a file
 
 
-def _open_binary(path: Path) -> BinaryIO:
+def open_binary(path: PathLike) -> BinaryIO:
     """The file's bytes, decompressed on the fly for `.gz`."""
+    path = Path(path)
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
 def _raw_blocks(path: Path) -> Iterator[bytes]:
     """The file's bytes in blocks of whole lines (each ends with "\\n", except perhaps the
     last block of a file without a final newline)."""
-    with _open_binary(path) as f:
+    with open_binary(path) as f:
         rest = b""
         while True:
             try:
