@@ -132,32 +132,26 @@ class ConstraintState:
         """Per row (rows, 1 + P): the next token of the phrase it is in, and the first token
         of every phrase it may start; -1 where none."""
         width = self.met.shape[0] // len(self.phrases)
-        phrases = self.phrases.repeat_interleave(width, 0)  # (rows, P, L)
-        rows = torch.arange(len(phrases), device=phrases.device)
-        inside = self.current >= 0
-        next_token = phrases[rows, self.current.clamp(min=0), self.position]
-        firsts = phrases[:, :, 0].masked_fill(~self._may_start(self.met), -1)
-        return torch.cat([torch.where(inside, next_token, -1)[:, None], firsts], 1)
+        sentence = torch.arange(len(self.met), device=self.met.device) // width  # (rows,)
+        next_token = self.phrases[sentence, self.current.clamp(min=0), self.position]
+        firsts = self.phrases[sentence, :, 0].masked_fill(~self._may_start(self.met), -1)
+        return torch.cat([torch.where(self.current >= 0, next_token, -1)[:, None], firsts], 1)
 
     def _advance(self, parents: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The states after row `parents` (a, M) takes `tokens` (a, M) -> met (a, M, P), the
         phrase it is in (a, M), -1: none, and its tokens produced (a, M)."""
         met, current, position = (self.met[parents], self.current[parents],
                                   self.position[parents])
-        a, m = tokens.shape
-        phrases = self.phrases[:, None].expand(a, m, *self.phrases.shape[1:])  # (a, M, P, L)
-        inside = current >= 0
-        expected = phrases.gather(2, current.clamp(min=0)[..., None, None].expand(
-            a, m, 1, phrases.shape[-1])).squeeze(2).gather(2, position[..., None]).squeeze(2)
-        going_on = inside & (tokens == expected)
-        starts = self._may_start(met) & (phrases[..., 0] == tokens[..., None])  # (a, M, P)
+        sentence = torch.arange(len(tokens), device=tokens.device)[:, None]  # (a, 1)
+        expected = self.phrases[sentence, current.clamp(min=0), position]  # (a, M)
+        going_on = (current >= 0) & (tokens == expected)
+        starts = self._may_start(met) & (self.phrases[:, None, :, 0]
+                                         == tokens[..., None])  # (a, M, P)
         starting = ~going_on & starts.any(-1)
         current = torch.where(going_on, current,
                               torch.where(starting, starts.int().argmax(-1), -1))
         position = torch.where(going_on, position + 1, starting.long())
-        lengths = self.lengths[:, None].expand(a, m, -1)
-        done = (current >= 0) & (position == lengths.gather(2, current.clamp(min=0)[..., None]
-                                                            ).squeeze(2))
+        done = (current >= 0) & (position == self.lengths[sentence, current.clamp(min=0)])
         met = met | (done[..., None] & (torch.arange(met.shape[-1], device=met.device)
                                         == current[..., None]))
         return met, current.masked_fill(done, -1), position.masked_fill(done, 0)
