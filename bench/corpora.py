@@ -214,9 +214,12 @@ def translate(checkpoint: Path, source: Path, hyp: Path, *options: str) -> list[
 
 
 def bleu_chrf(hyps: list[str], refs: list[str]) -> dict:
-    """Cased sacreBLEU and chrF, rounded to 2 decimals."""
-    return {"bleu": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2),
-            "chrf": round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2)}
+    """Cased sacreBLEU and chrF, rounded to 2 decimals, with BLEU's brevity penalty and the
+    length ratio (the output's tokens / the reference's)."""
+    bleu = sacrebleu.corpus_bleu(hyps, [refs])
+    return {"bleu": round(bleu.score, 2),
+            "chrf": round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2),
+            "bp": round(bleu.bp, 3), "ratio": round(bleu.sys_len / max(bleu.ref_len, 1), 3)}
 
 
 def score(run_dir: Path, root: Path, langs: tuple[str, ...], multilingual: bool) -> dict:
