@@ -1,19 +1,29 @@
 """Devices, the process group's rank device, and the helpers the training loop runs on: the
 device resolver's answers and one-line errors (CUDA and MPS faked absent or present), CUDA's
-switches and the prefetch thread."""
+switches, the prefetch thread, and the environment `transformer train` runs in (its memory
+allocator, found and preloaded by running the command again)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from transformer import hardware
 from transformer.errors import ConfigError
 from transformer.runtime import (
+    ALLOCATOR_LIBRARIES,
     DistEnv,
     configure_cuda,
     device_index,
+    find_allocator,
     prefetched,
     resolve_device,
+    training_environment,
 )
 
 
@@ -126,3 +136,71 @@ def test_configure_cuda_sets_tf32_and_cudnn_attention():
     finally:
         setattr(matmul, precision, before[0])
         torch.backends.cuda.enable_cudnn_sdp(before[1])
+
+
+# ---- the training process's environment ---------------------------------------------------
+
+
+def test_find_allocator_prefers_jemalloc_in_any_directory(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    assert find_allocator([str(first), str(second)]) is None
+    (first / "libtcmalloc_minimal.so.4").write_bytes(b"")
+    assert find_allocator([str(first), str(second)]) == str(first / "libtcmalloc_minimal.so.4")
+    (second / "libjemalloc.so.2").write_bytes(b"")
+    assert find_allocator([str(first), str(second)]) == str(second / "libjemalloc.so.2")
+    assert ALLOCATOR_LIBRARIES[0] == "libjemalloc.so.2"
+
+
+def test_training_environment_preloads_the_allocator_and_sizes_onednns_cache(tmp_path):
+    library = tmp_path / "libjemalloc.so.2"
+    library.write_bytes(b"")
+    env = training_environment({"PATH": "/bin"}, str(library))
+    assert env == {"PATH": "/bin", "LD_PRELOAD": str(library),
+                   "ONEDNN_PRIMITIVE_CACHE_CAPACITY":
+                       str(hardware.TUNING.onednn_primitive_cache)}
+    # what the user set is kept; a library preloaded already is not added twice
+    env = training_environment({"LD_PRELOAD": "/x/liba.so:" + str(library),
+                                "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}, str(library))
+    assert env == {"LD_PRELOAD": "/x/liba.so:" + str(library),
+                   "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}
+    assert training_environment({"LD_PRELOAD": "/x/liba.so"}, str(library))["LD_PRELOAD"] \
+        == f"/x/liba.so {library}"
+    assert "LD_PRELOAD" not in training_environment({}, None)  # none found: the system's
+    assert "LD_PRELOAD" not in training_environment({"TRANSFORMER_ALLOCATOR": "system"},
+                                                    str(library))
+    chosen = tmp_path / "libtcmalloc.so.4"
+    chosen.write_bytes(b"")
+    assert training_environment({"TRANSFORMER_ALLOCATOR": str(chosen)},
+                                str(library))["LD_PRELOAD"] == str(chosen)
+    with pytest.raises(ConfigError, match=r"^TRANSFORMER_ALLOCATOR=/no/lib.so: no such "):
+        training_environment({"TRANSFORMER_ALLOCATOR": "/no/lib.so"}, str(library))
+
+
+def _train_log(tmp_path: Path, data: Path, spm: Path, **env: str) -> str:
+    """The log of `python -m transformer train`, one update of a small model, in a process
+    of its own with `env` added to this one's."""
+    run = tmp_path / ("_".join(env) or "default")
+    overrides = ["experiment=smoke", f"data.root={data}", f"data.spm_model={spm}",
+                 "data.vocab_size=500", "data.max_train_pairs=100", "data.max_tokens=512",
+                 "model.num_hiddens=32", "model.ffn_num_hiddens=64",
+                 "model.num_encoder_layers=1", "model.num_decoder_layers=1",
+                 "model.num_heads=2", "trainer.bleu_max_sentences=4", "trainer.max_updates=1",
+                 f"hydra.run.dir={run}"]
+    done = subprocess.run([sys.executable, "-m", "transformer", "train", *overrides],
+                          env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return (run / "train.log").read_text()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="LD_PRELOAD and /proc are Linux's")
+def test_the_train_command_runs_under_the_allocator_found(tmp_path, multi30k_dir, spm_model):
+    """The command runs again under the library `find_allocator` finds (none: the system's
+    malloc, as `TRANSFORMER_ALLOCATOR=system` asks), and its log says which."""
+    found = find_allocator()
+    expected = "the system malloc" if found is None else os.path.basename(found)
+    assert f"memory allocator {expected}" in _train_log(tmp_path, multi30k_dir, spm_model)
+    assert "memory allocator the system malloc" in _train_log(
+        tmp_path, multi30k_dir, spm_model, TRANSFORMER_ALLOCATOR="system")

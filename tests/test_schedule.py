@@ -509,6 +509,33 @@ def test_a_time_budget_measures_the_speed_then_keeps_its_settings_when_resumed(
     second.close()
 
 
+
+def test_the_speed_probe_measures_again_at_the_model_and_batch_it_chooses(tmp_path, small,
+                                                                           monkeypatch):
+    """The smallest row's model is probed first; where its speed chooses another model or
+    batch, those are probed too, and the settings follow the last speed measured. A model
+    and batch the config fixes are probed once."""
+    speeds = {"small": 4000.0, "tiny": 9000.0}  # 1,800 s: 7.2M tokens, then 16.2M
+    probed = []
+
+    def measure(self, cfg):
+        probed.append((cfg.model.name, cfg.data.max_tokens))
+        return speeds[cfg.model.name]
+
+    monkeypatch.setattr(Trainer, "_measure_speed", measure)
+    cfg = compose_config(small + ["model=auto", "data.max_tokens=null", "model.dropout=null",
+                                  "optim.lr=null", "trainer.max_time=1800"])
+    trainer = Trainer(cfg, tmp_path / "auto", DistEnv())
+    trainer.close()
+    assert probed == [("small", 1024), ("tiny", 2048)]
+    assert trainer.budget_settings == budget_settings(Budget.of(cfg), trainer.epoch_tokens,
+                                                      9000.0, model="auto")
+    assert trainer.budget_settings.model == "tiny" and trainer.cfg.data.max_tokens == 2048
+    probed.clear()
+    fixed = compose_config(small + ["model.dropout=null", "trainer.max_time=1800"])
+    Trainer(fixed, tmp_path / "fixed", DistEnv()).close()
+    assert probed == [("tiny", 512)]  # the fixture's model=tiny and data.max_tokens=512
+
 # ---- every run has a budget, ends annealed and says when ---------------------------------
 
 

@@ -139,6 +139,7 @@ class Tuning:
     loss_min_chunk_rows: int = 512
     loss_chunk_logits_cpu: int = 2 ** 22
     loss_chunk_logits_gpu: int = 2 ** 26
+    onednn_primitive_cache: int = 128
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,11 @@ MEASURED = {
         "logits per chunk of the fused loss on a GPU (a batch in one or two chunks: each "
         "launches ~10 kernels); not timed on its own", "chosen for the NVIDIA H200 of the "
         "CUDA path's checks", f"{_TUNING} > The fused loss's chunks"),
+    "onednn_primitive_cache": Measured(
+        "primitives oneDNN keeps compiled in a training process (its default 1,024): each "
+        "step's products have new shapes, so a larger cache is rarely hit but holds memory "
+        "and splits the heap; 128 is more than one step's shapes (8 slows training 2x)",
+        "Intel Xeon (AMX)", f"{_TUNING} > The training process's memory"),
 }
 
 

@@ -15,8 +15,9 @@ torchrun describes the job in the environment, and each rank takes its local GPU
 from __future__ import annotations
 
 import os
+import sys
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -24,11 +25,14 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from . import hardware
 from .errors import ConfigError
 from .hardware import cpu_has_native_bf16
 
 __all__ = ["resolve_device", "device_index", "DistEnv", "init_distributed", "Precision",
-           "resolve_precision", "configure_cuda", "peak_resident_bytes", "prefetched"]
+           "resolve_precision", "configure_cuda", "ALLOCATOR_LIBRARIES", "find_allocator",
+           "training_environment", "enter_training_environment", "loaded_allocator",
+           "peak_resident_bytes", "prefetched"]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -176,6 +180,80 @@ def configure_cuda(tf32: bool, cudnn_attention: bool) -> str:
     torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
     return (f"float32 matrix products {'TF32' if tf32 else 'IEEE float32'}, cuDNN attention "
             f"{'allowed' if cudnn_attention else 'off'}")
+
+
+# ---- the training process's memory -----------------------------------------------------
+
+# Memory allocators that keep a training process's memory from growing, most preferred
+# first: glibc's malloc fragments under the varying batch shapes of training (its heap grows
+# for the whole run), these do not. The libraries' names as Debian/Ubuntu (libjemalloc2,
+# libtcmalloc-minimal4), Fedora, conda and Homebrew install them.
+ALLOCATOR_LIBRARIES = ("libjemalloc.so.2", "libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
+LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
+                "/usr/lib", "/usr/local/lib")
+ALLOCATOR_VARIABLE = "TRANSFORMER_ALLOCATOR"  # "auto" (default), "system", or a library
+ONEDNN_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+
+
+def find_allocator(dirs: Sequence[str] | None = None) -> str | None:
+    """The path of the first of `ALLOCATOR_LIBRARIES` found in `dirs` (by default this
+    Python's own lib/, where conda installs them, then `LIBRARY_DIRS`), or None."""
+    if dirs is None:
+        dirs = (os.path.join(sys.prefix, "lib"), *LIBRARY_DIRS)
+    for name in ALLOCATOR_LIBRARIES:
+        for directory in dirs:
+            path = os.path.join(directory, name)
+            if os.path.isfile(path):
+                return path
+    return None
+
+
+def training_environment(environ: Mapping[str, str], found: str | None) -> dict[str, str]:
+    """The environment `transformer train` runs in: `environ` with the allocator library
+    `found` preloaded (`LD_PRELOAD`) and oneDNN's primitive cache at the tuning table's
+    `onednn_primitive_cache` entries. Each training step multiplies matrices of new shapes,
+    and oneDNN compiles and keeps a primitive per shape (1,024 by default): a smaller cache
+    holds less and lets the allocator reuse more. A variable the user set is kept;
+    `TRANSFORMER_ALLOCATOR=system` keeps the system's malloc, `=PATH` preloads that library
+    (a missing one is a `ConfigError`)."""
+    env = dict(environ)
+    env.setdefault(ONEDNN_CACHE_VARIABLE, str(hardware.TUNING.onednn_primitive_cache))
+    choice = env.get(ALLOCATOR_VARIABLE, "auto")
+    if choice == "system":
+        return env
+    if choice != "auto":
+        if not os.path.isfile(choice):
+            raise ConfigError(f"{ALLOCATOR_VARIABLE}={choice}: no such library; expected "
+                              f"auto, system or the path of a malloc library")
+        found = choice
+    preloaded = env.get("LD_PRELOAD", "").replace(":", " ").split()
+    if found is not None and found not in preloaded:
+        env["LD_PRELOAD"] = " ".join([*preloaded, found])
+    return env
+
+
+def enter_training_environment() -> None:
+    """Put this process in `training_environment`: a library can be preloaded only when a
+    process starts, so where one is to be added the process runs again, the same command
+    line (`sys.orig_argv`) in the same process id, under it (Linux only); otherwise the
+    variables are set here, before oneDNN reads them."""
+    env = training_environment(os.environ, find_allocator())
+    if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD") and sys.platform == "linux":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    os.environ.update(env)
+
+
+def loaded_allocator() -> str | None:
+    """The file name of the allocator library this process runs under (one of
+    `ALLOCATOR_LIBRARIES` mapped into it), or None: the system's malloc."""
+    try:
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+    except OSError:
+        return None
+    return next((name for name in ALLOCATOR_LIBRARIES if "/" + name in maps), None)
 
 
 # ---- the prefetch thread ----------------------------------------------------------------

@@ -97,7 +97,8 @@ def _usage() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`transformer COMMAND [ARGS ...]`: run one command, return its exit status."""
+    """`transformer COMMAND [ARGS ...]`: run one command, return its exit status. Typed as a
+    command (`argv` None), `train` first enters `runtime.enter_training_environment`."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(_usage(), file=sys.stdout if args else sys.stderr)
@@ -110,6 +111,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"transformer: unknown command {name!r}; the commands are: "
               f"{', '.join(COMMANDS)}", file=sys.stderr)
         return 2
+    if name == "train" and argv is None and not {"-h", "--help"} & set(args):
+        from ..runtime import enter_training_environment
+
+        status = report_errors(enter_training_environment)  # may run the command again
+        if status:
+            return status
     sys.argv[0] = f"transformer {name}"  # the program name usage and help messages show
     return command_module(name).main(args[1:])
 

@@ -1,9 +1,11 @@
 """The speed probe of a time budget: target tokens per second of a few training steps, timed
 before the run's own model is built, to turn seconds into the tokens the budget's settings
-are chosen by (`schedule.budget_settings`)."""
+are chosen by (`schedule.budget_settings`): `settings_at_measured_speed` probes the slowest
+row's model and batches, then the ones that speed chooses, until the choice stays."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -13,24 +15,37 @@ from ..model.transformer import Transformer
 from ..run.config import TrainConfig
 from ..run.data import Data
 from .optimizer import build_optimizer
+from .schedule import (
+    BATCH_ROWS,
+    MODEL_ROWS,
+    Budget,
+    BudgetSettings,
+    budget_settings,
+    fit_to_budget,
+    probe_settings,
+)
 
-__all__ = ["measure_speed", "SPEED_PROBE_STEPS"]
+__all__ = ["measure_speed", "settings_at_measured_speed", "SPEED_PROBE_STEPS",
+           "SPEED_PROBE_WARMUP"]
 
-SPEED_PROBE_STEPS = 8  # training steps timed (after one warm-up step)
+log = logging.getLogger(__name__)
+
+SPEED_PROBE_WARMUP = 3  # steps left out: the first ones allocate and compile their kernels
+SPEED_PROBE_STEPS = 8  # training steps timed after them
 
 
 def measure_speed(model: Transformer, data: Data, cfg: TrainConfig,
                   autocast: Callable[[], AbstractContextManager]) -> float:
     """Target tokens per second of `model`'s training steps (forward, backward and Adam,
-    under `autocast`) on the first batches of `data` (the smallest row's batch size: what a
-    time budget allows, before the batch size is chosen). Small batches train the fewest
-    tokens per second, so the estimate errs toward the smaller rows (the safe side: a row
-    used below its budget loses far more than one used above it)."""
+    under `autocast`) on the first batches of `data` at its batch size, the first
+    `SPEED_PROBE_WARMUP` steps left out (the trainer probes the smallest row's model and
+    batches first, then the ones their speed chooses: `settings_at_measured_speed`)."""
     loss_fn = LabelSmoothedLoss(model, cfg.optim.label_smoothing)
     optimizer = build_optimizer(model, cfg)
     tokens, started = 0, time.perf_counter()
-    for i, idx in enumerate(data.train_batches(epoch=1)[:SPEED_PROBE_STEPS + 1]):
-        if i == 1:  # the first step allocates and warms up: left out
+    batches = data.train_batches(epoch=1)[:SPEED_PROBE_WARMUP + SPEED_PROBE_STEPS]
+    for i, idx in enumerate(batches):
+        if i == SPEED_PROBE_WARMUP:  # the steps before allocate and warm up: left out
             tokens, started = 0, time.perf_counter()
         batch = data.train.collate(idx).to(model.device)
         with autocast():
@@ -42,3 +57,30 @@ def measure_speed(model: Transformer, data: Data, cfg: TrainConfig,
         loss.item()  # waits for the device
         tokens += batch.num_tgt_tokens
     return tokens / max(time.perf_counter() - started, 1e-9)
+
+
+def settings_at_measured_speed(cfg: TrainConfig, epoch_tokens: int,
+                               measure: Callable[[TrainConfig], float], world_size: int = 1
+                               ) -> tuple[BudgetSettings, float | None]:
+    """`budget_settings` for `cfg`'s budget at the speed of the model and batch they choose,
+    and that speed (None without a time limit). `measure(cfg)` times training steps at
+    `cfg`'s model and batch, on one rank; the speed of `world_size` ranks is that times
+    `world_size`. A time limit is measured first at `probe_settings` (the slowest row), then
+    at the model and batch that speed chooses, until the choice stays (at most one probe
+    per row): the smallest row's speed alone plans a faster model's run for too few
+    tokens."""
+    budget = Budget.of(cfg)
+    if budget.max_time is None:
+        return budget_settings(budget, epoch_tokens, None, cfg.model.name), None
+    probed = fit_to_budget(cfg, probe_settings())
+    for _ in range(len(BATCH_ROWS) + len(MODEL_ROWS)):
+        speed = measure(probed) * world_size
+        log.info("speed probe: the %s model, batches of %s tokens: %s target tokens/s",
+                 probed.model.name, f"{probed.data.max_tokens:,}", f"{speed:,.0f}")
+        chosen = budget_settings(budget, epoch_tokens, speed, cfg.model.name)
+        fitted = fit_to_budget(cfg, chosen)  # its model and batch (dropout aside)
+        if ((fitted.model.name, fitted.data.max_tokens)
+                == (probed.model.name, probed.data.max_tokens)):
+            break
+        probed = fitted
+    return chosen, speed

@@ -56,6 +56,7 @@ from ..runtime import (
     DistEnv,
     configure_cuda,
     init_distributed,
+    loaded_allocator,
     peak_resident_bytes,
     prefetched,
     resolve_device,
@@ -72,17 +73,15 @@ from .schedule import (
     Budget,
     BudgetSettings,
     Schedule,
-    budget_settings,
     describe_settings,
     epoch_limit_note,
     epoch_tokens,
     fit_to_budget,
     needs_budget_settings,
     null_settings,
-    probe_settings,
     run_budget,
 )
-from .speed import measure_speed
+from .speed import measure_speed, settings_at_measured_speed
 from .state import Agreement, TrainClock, TrainResult, TrainState
 from .validation import ValidationReport, validate
 
@@ -209,21 +208,18 @@ class Trainer:
             return BudgetSettings(
                 0, trained.data.max_tokens * self.env.world_size * trained.optim.update_freq,
                 trained.model.dropout, trained.optim.lr, trained.optim.warmup_fraction)
-        budget = Budget.of(cfg)
         box: list[Any] = [None]
         if self.env.is_main:
-            self._tokens_per_second = (self._measure_speed(cfg) * self.env.world_size
-                                       if budget.max_time is not None else None)
-            box = [budget_settings(budget, self.epoch_tokens, self._tokens_per_second,
-                                   cfg.model.name)]
+            box[0], self._tokens_per_second = settings_at_measured_speed(
+                cfg, self.epoch_tokens, self._measure_speed, self.env.world_size)
         if self.env.distributed:
             dist.broadcast_object_list(box, src=0)
         return box[0]
 
     def _measure_speed(self, cfg: TrainConfig) -> float:
-        """The speed probe of a time budget (`speed.measure_speed`), at the run's device and
-        precision, on a throwaway model (the run's own is built after, from its seed)."""
-        cfg = fit_to_budget(cfg, probe_settings())
+        """The speed probe of a time budget (`speed.measure_speed`) at `cfg`'s model and
+        batch, the run's device and precision, on a throwaway model (the run's own is built
+        after, from its seed)."""
         return measure_speed(Transformer(self._model_config(cfg.model)).to(self.device),
                              replace(self.data, cfg=cfg.data), cfg, self.autocast)
 
@@ -279,8 +275,10 @@ class Trainer:
             with atomic_write(self.run_dir / "config.yaml", text=True) as f:
                 f.write(OmegaConf.to_yaml(OmegaConf.structured(self.cfg)))
             dtype = self.precision.dtype
-            log.info("device %s, %s (%s)", self.device,
-                     "float32" if dtype is None else f"autocast {dtype}", self.precision.why)
+            log.info("device %s, %s (%s)%s", self.device,
+                     "float32" if dtype is None else f"autocast {dtype}", self.precision.why,
+                     f"; memory allocator {loaded_allocator() or 'the system malloc'}"
+                     if self.device.type == "cpu" else "")
 
     def close(self) -> None:
         self.log.close()
