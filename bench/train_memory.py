@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from timing import cpu_description
 
-from transformer.runtime import LIBRARY_DIRS, find_allocator
+from transformer.runtime import find_allocator
 
 ARMS = ("system_1024", "system", "jemalloc", "tcmalloc")
 LIBRARIES = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc_minimal.so.4"}
@@ -50,8 +50,7 @@ def arm_environment(arm: str) -> dict[str, str] | None:
         return {"TRANSFORMER_ALLOCATOR": "system", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}
     if arm == "system":
         return {"TRANSFORMER_ALLOCATOR": "system"}
-    found = next((os.path.join(d, LIBRARIES[arm]) for d in LIBRARY_DIRS
-                  if os.path.isfile(os.path.join(d, LIBRARIES[arm]))), None)
+    found = find_allocator(names=(LIBRARIES[arm],))
     return None if found is None else {"TRANSFORMER_ALLOCATOR": found}
 
 
@@ -95,7 +94,7 @@ def main() -> None:
     for arm in args.arms:
         env = arm_environment(arm)
         if env is None:
-            print(f"{arm}: left out, {LIBRARIES[arm]} is not in {', '.join(LIBRARY_DIRS)}")
+            print(f"{arm}: left out, {LIBRARIES[arm]} is not on this machine")
             continue
         results[arm] = run_arm(arm, env, args)
     if not results:

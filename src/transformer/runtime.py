@@ -195,12 +195,14 @@ ALLOCATOR_VARIABLE = "TRANSFORMER_ALLOCATOR"  # "auto" (default), "system", or a
 ONEDNN_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 
 
-def find_allocator(dirs: Sequence[str] | None = None) -> str | None:
-    """The path of the first of `ALLOCATOR_LIBRARIES` found in `dirs` (by default this
-    Python's own lib/, where conda installs them, then `LIBRARY_DIRS`), or None."""
+def find_allocator(dirs: Sequence[str] | None = None,
+                   names: Sequence[str] = ALLOCATOR_LIBRARIES) -> str | None:
+    """The path of the first of `names` (by default `ALLOCATOR_LIBRARIES`, in their order)
+    found in `dirs` (by default this Python's own lib/, where conda installs them, then
+    `LIBRARY_DIRS`), or None."""
     if dirs is None:
         dirs = (os.path.join(sys.prefix, "lib"), *LIBRARY_DIRS)
-    for name in ALLOCATOR_LIBRARIES:
+    for name in names:
         for directory in dirs:
             path = os.path.join(directory, name)
             if os.path.isfile(path):
