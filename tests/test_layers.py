@@ -14,6 +14,7 @@ from transformer.model.layers import (
     Linear,
     default_chunk_rows,
     linear_label_smoothed_cross_entropy,
+    random_bytes,
 )
 
 
@@ -52,6 +53,24 @@ def test_dropout_drops_a_fraction_p_and_keeps_the_mean(p):
     kept = Y != 0
     torch.testing.assert_close(Y[kept], X[kept] / (1 - round(p * 256) / 256))
     assert abs(Y.mean().item() / X.mean().item() - 1) < 0.01
+
+
+def test_random_bytes_are_uniform_independent_and_seeded():
+    """Every byte value equally often (chi-square), neighbouring bytes uncorrelated (the
+    seven taken from one draw and across draws), the same bytes for the same seed."""
+    torch.manual_seed(0)
+    n = 7 * 200_000 + 3  # not a multiple of 7: the last draw is cut
+    b = random_bytes(n)
+    assert b.shape == (n,) and b.dtype == torch.uint8
+    counts = torch.bincount(b.long(), minlength=256).double()
+    expected = n / 256
+    chi2 = ((counts - expected) ** 2 / expected).sum().item()
+    assert chi2 < 330  # 255 degrees of freedom: p ~ 0.001
+    x = b.double() - 127.5
+    for lag in (1, 6, 7, 8):
+        assert abs((x[:-lag] * x[lag:]).mean().item() / x.var().item()) < 0.01
+    torch.manual_seed(0)
+    assert torch.equal(random_bytes(n), b)
 
 
 def test_dropout_gradient_is_the_mask_times_the_scale():

@@ -6,7 +6,8 @@
   instruction set, or the BLAS `F.linear` calls (MKL's sgemm), whose AVX-512 kernels run on
   Intel's CPUs only. Training, autocast and other devices take `F.linear`.
 - `Dropout`: `nn.Dropout` with a cheaper random mask on CPU: `torch.bernoulli_` draws a float
-  per element, this draws one random byte per element and compares it with a threshold.
+  per element, this compares one random byte per element with a threshold, seven bytes
+  from each 64-bit draw (`random_bytes`).
 - `linear_label_smoothed_cross_entropy`: the output projection and the label-smoothed loss
   as one autograd function that works through the target tokens in chunks of rows, writing
   the gradient `softmax - smoothed target` of each chunk and multiplying it into the
@@ -21,6 +22,8 @@ The int8 form of the linear layers is `int8.py`'s.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 from torch import Tensor, nn
@@ -52,7 +55,8 @@ class Linear(nn.Linear):
 
 
 class Dropout(nn.Dropout):
-    """`nn.Dropout` that, on CPU, draws its mask from one random byte per element.
+    """`nn.Dropout` that, on CPU, draws its mask from one random byte per element
+    (`random_bytes`).
 
     The drop probability is rounded to a multiple of 1/256 there (0.3 -> 77/256 = 0.301); on
     other devices, or for p in {0, 1}, this is exactly `nn.Dropout`.
@@ -64,8 +68,18 @@ class Dropout(nn.Dropout):
         threshold = round(self.p * 256)
         if X.device.type != "cpu" or not 0 < threshold < 256:
             return super().forward(X)
-        keep = torch.empty(X.shape, dtype=torch.uint8).random_() >= threshold  # P = 1 - t/256
+        keep = random_bytes(X.numel()).view(X.shape) >= threshold  # P = 1 - t/256
         return X * keep.to(X.dtype).mul_(256 / (256 - threshold))
+
+
+def random_bytes(n: int) -> Tensor:
+    """`n` uniform random bytes from PyTorch's CPU generator, seven from each 64-bit draw.
+
+    An int64 `random_` is uniform over [0, 2**63): its seven low bytes are uniform, the high
+    one is not and is skipped. A draw costs about what a uint8 `random_` costs per byte."""
+    draws = torch.empty(-(-n // 7), dtype=torch.int64).random_()
+    low = slice(0, 7) if sys.byteorder == "little" else slice(1, 8)
+    return draws.view(torch.uint8).view(-1, 8)[:, low].flatten()[:n]  # (n,)
 
 
 def default_chunk_rows(vocab_size: int, device: torch.device) -> int:
@@ -78,38 +92,82 @@ def default_chunk_rows(vocab_size: int, device: torch.device) -> int:
     return max(tuning.loss_min_chunk_rows, logits // vocab_size)
 
 
+def _products_dtype(weight: Tensor) -> torch.dtype:
+    """The dtype the loss's matrix products run in: autocast's (bf16) where it is on for a
+    float32 weight, else the weight's own."""
+    device = weight.device.type
+    if torch.is_autocast_enabled(device) and weight.dtype == torch.float32:
+        return torch.get_autocast_dtype(device)
+    return weight.dtype
+
+
 class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
-    """Forward computes the loss and both gradients, chunk by chunk; backward scales them."""
+    """Forward computes the loss and both gradients, chunk by chunk; backward scales them.
+
+    With x = h W^T + b a row's logits, y its reference token, q the smoothed target
+    ((1 - eps) on y plus eps / V everywhere), m = max_v x_v and s = sum_v exp(x_v - m):
+
+        loss = lse - (1 - eps) x_y - eps / V sum_v x_v,   lse = m + log s
+        d loss / d x = softmax(x) - q,                    softmax(x) = exp(x - m) / s
+
+    Only what needs the (rows, V) logits runs per chunk: the logsumexp and the softmax's
+    products, the 1/s applied to the thin side of each (rows, d). The parts of q are the
+    same for every chunk and thin, so they run once for all rows: x_y = h . W_y,
+    sum_v x_v = h . sum_v W_v, q @ W = (1 - eps) W_y + eps / V sum_v W_v, and q^T H adds
+    (1 - eps) h to row y of the weight's gradient and eps / V sum_n h to every row.
+    A chunk's logits go into one buffer reused by every chunk: a fresh logits-sized tensor
+    costs page faults."""
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor,
                 epsilon: float, chunk_rows: int) -> Tensor:
-        V = weight.shape[0]
+        (N, d), V = hidden.shape, weight.shape[0]
         acc = torch.promote_types(weight.dtype, torch.float32)  # float32, or float64
-        loss = torch.zeros((), dtype=acc, device=hidden.device)
-        grad_hidden = torch.empty_like(hidden)  # (N, d)
-        grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)
-        grad_bias = None if bias is None else torch.zeros(bias.shape, dtype=acc,
-                                                          device=bias.device)
-        for start in range(0, len(hidden), chunk_rows):
-            h, t = hidden[start:start + chunk_rows], target[start:start + chunk_rows, None]
-            logits = torch.mm(h, weight.t())  # (n, V); a bf16 matmul under autocast
+        products = _products_dtype(weight)  # bf16 under autocast
+        with torch.autocast(hidden.device.type, enabled=False):  # the dtypes are explicit
+            H, W = hidden.to(products), weight.to(products)  # (N, d), (V, d)
+            lse = torch.empty(N, 1, dtype=acc, device=hidden.device)
+            grad_hidden = torch.empty(N, d, dtype=acc, device=hidden.device)
+            grad_weight = torch.zeros(V, d, dtype=acc, device=weight.device)
+            grad_bias = None if bias is None else torch.zeros(V, dtype=acc, device=bias.device)
+            logits = torch.empty(min(chunk_rows, N), V, dtype=acc, device=hidden.device)
+            low = None if products == acc else torch.empty_like(logits, dtype=products)
+            for start in range(0, N, chunk_rows):
+                rows = slice(start, start + chunk_rows)
+                h = H[rows]
+                x = logits[:len(h)]  # (n, V)
+                if low is None:
+                    torch.mm(h, W.t(), out=x)
+                else:  # the product in bf16, the softmax in float32
+                    x.copy_(torch.mm(h, W.t(), out=low[:len(h)]))
+                if bias is not None:
+                    x += bias
+                m = x.amax(1, keepdim=True)  # (n, 1)
+                P = x.sub_(m).exp_()  # exp(x - m) = softmax * s
+                s = P.sum(1, keepdim=True)  # (n, 1)
+                lse[rows] = m + s.log()
+                if low is not None:
+                    P = low[:len(h)].copy_(P)
+                r = s.reciprocal()
+                _mm_into(grad_hidden[rows], P, W).mul_(r)  # softmax @ W
+                _add_mm(grad_weight, P.t(), (h * r).to(products))  # softmax^T H
+                if grad_bias is not None:
+                    grad_bias += torch.mv(P.t().to(acc), r[:, 0])  # softmax summed over rows
+            H, W, target_rows = H.to(acc), W.to(acc), W[target].to(acc)  # W_y: (N, d)
+            w_sum, h_sum = W.sum(0), H.sum(0)  # (d,)
+            target_logits = (H * target_rows).sum()  # sum_n x_y
+            logits_sum = h_sum @ w_sum  # sum_n sum_v x_v
             if bias is not None:
-                logits = logits + bias
-            logits = logits.to(acc)
-            lse = torch.logsumexp(logits, dim=1, keepdim=True)  # (n, 1)
-            # -log p_y = lse - x_y;  -mean_v log p_v = lse - mean_v x_v
-            loss += (lse.sum() - (1 - epsilon) * logits.gather(1, t).sum()
-                     - epsilon / V * logits.sum())
-            # d loss / d logits = softmax - ((1 - epsilon) * one_hot(y) + epsilon / V)
-            G = logits.sub_(lse).exp_().sub_(epsilon / V)  # in place: (n, V)
-            G.scatter_add_(1, t, G.new_full(t.shape, epsilon - 1))
-            G = G.to(weight.dtype)
-            grad_hidden[start:start + chunk_rows] = torch.mm(G, weight)  # (n, d)
-            grad_weight += torch.mm(G.t(), h)  # (V, d)
+                target_logits = target_logits + bias.to(acc)[target].sum()
+                logits_sum = logits_sum + N * bias.to(acc).sum()
+            loss = lse.sum() - (1 - epsilon) * target_logits - epsilon / V * logits_sum
+            grad_hidden -= (1 - epsilon) * target_rows + epsilon / V * w_sum
+            grad_weight.index_add_(0, target, H, alpha=epsilon - 1)
+            grad_weight -= epsilon / V * h_sum
             if grad_bias is not None:
-                grad_bias += G.sum(0)  # (V,)
-        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype),
+                grad_bias.index_add_(0, target, grad_bias.new_full((N,), epsilon - 1))
+                grad_bias -= epsilon / V * N
+        ctx.save_for_backward(grad_hidden.to(hidden.dtype), grad_weight.to(weight.dtype),
                               None if bias is None else grad_bias.to(bias.dtype))
         return loss
 
@@ -118,6 +176,21 @@ class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
         return (grad_hidden * grad_loss, grad_weight * grad_loss,
                 None if grad_bias is None else grad_bias * grad_loss, None, None, None)
+
+
+def _mm_into(out: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    """out = a @ b, straight into `out` where the dtypes agree."""
+    if out.dtype == a.dtype:
+        return torch.mm(a, b, out=out)
+    return out.copy_(torch.mm(a, b))
+
+
+def _add_mm(out: Tensor, a: Tensor, b: Tensor) -> None:
+    """out += a @ b, in one call where the dtypes agree."""
+    if out.dtype == a.dtype:
+        out.addmm_(a, b)
+    else:
+        out += torch.mm(a, b)
 
 
 def linear_label_smoothed_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,

@@ -25,38 +25,39 @@ from .schedule import (
     probe_settings,
 )
 
-__all__ = ["measure_speed", "settings_at_measured_speed", "SPEED_PROBE_STEPS",
-           "SPEED_PROBE_WARMUP"]
+__all__ = ["measure_speed", "settings_at_measured_speed", "SPEED_PROBE_STEPS"]
 
 log = logging.getLogger(__name__)
 
-SPEED_PROBE_WARMUP = 3  # steps left out: the first ones allocate and compile their kernels
-SPEED_PROBE_STEPS = 8  # training steps timed after them
+SPEED_PROBE_STEPS = 8  # training batches, each stepped twice: the second pass is timed
 
 
 def measure_speed(model: Transformer, data: Data, cfg: TrainConfig,
                   autocast: Callable[[], AbstractContextManager]) -> float:
     """Target tokens per second of `model`'s training steps (forward, backward and Adam,
-    under `autocast`) on the first batches of `data` at its batch size, the first
-    `SPEED_PROBE_WARMUP` steps left out (the trainer probes the smallest row's model and
-    batches first, then the ones their speed chooses: `settings_at_measured_speed`)."""
+    under `autocast`) on the first `SPEED_PROBE_STEPS` batches of `data` at its batch size.
+
+    The batches are stepped twice and the second pass is timed: a batch of a shape not seen
+    before first makes its kernels (oneDNN's primitives are made per shape), which a run
+    pays for its first batches only, so a single pass measures a model slower than it
+    trains (the trainer probes the smallest row's model and batches first, then the ones
+    their speed chooses: `settings_at_measured_speed`)."""
     loss_fn = LabelSmoothedLoss(model, cfg.optim.label_smoothing)
     optimizer = build_optimizer(model, cfg)
-    tokens, started = 0, time.perf_counter()
-    batches = data.train_batches(epoch=1)[:SPEED_PROBE_WARMUP + SPEED_PROBE_STEPS]
-    for i, idx in enumerate(batches):
-        if i == SPEED_PROBE_WARMUP:  # the steps before allocate and warm up: left out
-            tokens, started = 0, time.perf_counter()
-        batch = data.train.collate(idx).to(model.device)
-        with autocast():
-            loss = loss_fn(batch.src, batch.src_valid_lens, batch.tgt_in, batch.tgt_out,
-                           batch.tgt_index)
-        (loss / batch.num_tgt_tokens).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss.item()  # waits for the device
-        tokens += batch.num_tgt_tokens
-    return tokens / max(time.perf_counter() - started, 1e-9)
+    batches = [data.train.collate(idx).to(model.device)
+               for idx in data.train_batches(epoch=1)[:SPEED_PROBE_STEPS]]
+    for _ in range(2):  # a pass that makes the kernels, then the timed one
+        started = time.perf_counter()
+        for batch in batches:
+            with autocast():
+                loss = loss_fn(batch.src, batch.src_valid_lens, batch.tgt_in, batch.tgt_out,
+                               batch.tgt_index)
+            (loss / batch.num_tgt_tokens).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss.item()  # waits for the device
+    seconds = time.perf_counter() - started
+    return sum(b.num_tgt_tokens for b in batches) / max(seconds, 1e-9)
 
 
 def settings_at_measured_speed(cfg: TrainConfig, epoch_tokens: int,
