@@ -403,10 +403,11 @@ def test_masking_heads_restores_the_previous_mask():
         pass
 
 
-def test_short_softmax_equals_pytorchs_and_keeps_its_gradient():
-    """CPU inference over rows shorter than CPU_SHORT_SOFTMAX computes exp(x - max) / sum:
-    the same weights as F.softmax, masked entries (the dtype's minimum) exactly 0; with
-    gradients it is F.softmax itself."""
+def test_short_softmax_equals_pytorchs_with_and_without_gradients():
+    """On a CPU, rows shorter than the tuning table's short_softmax_keys are computed as
+    exp(x - max) / sum: the same weights as F.softmax, masked entries (the dtype's minimum)
+    exactly 0; with gradients too (its own backward: gradcheck in float64, and F.softmax's
+    gradient in float32); a bf16 row in float32, nearer float64's softmax than bf16's own."""
     torch.manual_seed(0)
     for keys in (1, 2, 7, hardware.TUNING.short_softmax_keys - 1):
         X = torch.randn(6, 3, keys) * 4
@@ -416,9 +417,22 @@ def test_short_softmax_equals_pytorchs_and_keeps_its_gradient():
         torch.testing.assert_close(short, torch.softmax(X, -1), rtol=1e-6, atol=1e-7)
         if keys > 1:
             assert torch.all(short[0, :, 1:] == 0)
-    X = torch.randn(4, 2, 5, requires_grad=True)
-    weights = kernels.softmax(X)
-    assert weights.grad_fn.name() == torch.softmax(X, -1).grad_fn.name()  # PyTorch's own
+        ours, theirs = (X.clone().requires_grad_() for _ in range(2))
+        weights = kernels.softmax(ours)
+        grad = torch.randn_like(weights)
+        weights.backward(grad)
+        torch.softmax(theirs, -1).backward(grad)
+        torch.testing.assert_close(weights, torch.softmax(X, -1), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-5, atol=1e-6)
+    X = torch.randn(4, 2, 5, dtype=torch.float64, requires_grad=True)
+    assert kernels.softmax(X).grad_fn.name() != torch.softmax(X, -1).grad_fn.name()
+    assert torch.autograd.gradcheck(kernels.softmax, (X,))
+    for keys in (5, hardware.TUNING.short_softmax_keys + 5):  # short and long rows
+        X = (torch.randn(64, keys) * 4).bfloat16().requires_grad_()
+        exact = torch.softmax(X.double(), -1)
+        assert kernels.softmax(X).dtype == torch.bfloat16
+        ours = (kernels.softmax(X).double() - exact).abs().max()
+        assert ours <= (torch.softmax(X, -1).double() - exact).abs().max()
     masked = masked_softmax(torch.randn(2, 3, 4), torch.tensor([0, 2]))  # a row with no key
     assert torch.all(masked[0] == 0) and not torch.isnan(masked).any()
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from itertools import pairwise
 
 import pytest
+import torch
 from conftest import MULTI30K_EPOCH_TOKENS  # tests/conftest.py
 
 from transformer.errors import ConfigError
@@ -535,6 +536,31 @@ def test_the_speed_probe_measures_again_at_the_model_and_batch_it_chooses(tmp_pa
     fixed = compose_config(small + ["model.dropout=null", "trainer.max_time=1800"])
     Trainer(fixed, tmp_path / "fixed", DistEnv()).close()
     assert probed == [("tiny", 512)]  # the fixture's model=tiny and data.max_tokens=512
+
+def test_the_speed_probe_times_the_second_pass_over_its_batches(tmp_path, small, monkeypatch):
+    """Each probe batch is stepped twice (a batch's first step makes its shapes' kernels);
+    the speed is the batches' target tokens over the second pass's seconds."""
+    from contextlib import nullcontext
+
+    from transformer.model.transformer import Transformer
+    from transformer.run.data import load_data
+    from transformer.training import speed
+
+    cfg = compose_config(small + ["trainer.max_time=60"])
+    data = load_data(cfg.data, tmp_path)
+    vocab = data.tokenizers.src.vocab_size
+    model = Transformer(cfg.model.to_model_config(vocab, vocab, share_embeddings=True))
+    sources = []
+    model.encoder.register_forward_pre_hook(lambda module, args: sources.append(args[0]))
+    clock = iter([0.0, 100.0, 102.5])  # the first pass 100 s, the second 2.5 s
+    monkeypatch.setattr(speed, "perf_counter", lambda: next(clock))
+    tokens_per_second = speed.measure_speed(model, data, cfg, nullcontext)
+    n = speed.SPEED_PROBE_STEPS
+    batches = [data.train.collate(i) for i in data.train_batches(epoch=1)[:n]]
+    assert len(sources) == 2 * n
+    assert all(torch.equal(a, b.src) for a, b in zip(sources, batches + batches, strict=True))
+    assert tokens_per_second == pytest.approx(sum(b.num_tgt_tokens for b in batches) / 2.5)
+
 
 # ---- every run has a budget, ends annealed and says when ---------------------------------
 

@@ -157,8 +157,9 @@ _TUNING = "benchmarks.md > The tuning table's measurements"
 _UNNAMED = "the development machine (2 cores; an AMD CPU with AVX-512, family not recorded)"
 MEASURED = {
     "short_softmax_keys": Measured(
-        "CPU inference computes softmax over rows shorter than this as exp(x - max) / sum: "
-        "PyTorch's kernel takes 3-7x as long there (decoding's first steps)",
+        "on a CPU, softmax over rows shorter than this is computed as exp(x - max) / sum "
+        "(in inference, and in training with its own backward pass): PyTorch's kernel takes "
+        "3-7x as long there (decoding's first steps), 3x forward and backward in training",
         "AMD EPYC Zen 4, Intel Xeon (AMX)",
         f"{_TUNING} > Attention paths on a CPU"),
     "small_bmm_products": Measured(

@@ -9,8 +9,10 @@ own for the explicit path's small pieces: the softmax of rows shorter than
 `short_softmax_keys` from its definition, exp(x - max) / sum (`softmax`), and weights times
 values with fewer than `small_bmm_products` multiply-adds per matrix as a sum of products
 (`weighted_values`): PyTorch's generic operators are 3-7x and 1.7-4.8x slower there
-(decoding's first steps; `hardware.MEASURED` says where each was measured). Training keeps
-PyTorch's operators and their backward passes.
+(decoding's first steps; `hardware.MEASURED` says where each was measured). Training on a
+CPU computes the softmax of short rows from its definition too, with its own backward pass
+(`_DefinedSoftmax`), and a bf16 softmax in float32: PyTorch's kernels took 3x and 2-3x as
+long, forward and backward. Its other operators are PyTorch's.
 
 Every mask here means True = may attend; masked scores get the dtype's minimum, and a query
 with no key to attend to gets zero weights and a zero output, never NaN.
@@ -32,18 +34,52 @@ __all__ = ["attend", "explicit_attention", "fused_attention", "masked_softmax", 
 
 def _inference_on_cpu(x: Tensor) -> bool:
     """Whether `x` is a float32 CPU tensor that no gradient flows through: the case of the
-    CPU inference kernels (training keeps PyTorch's operators and their backward passes)."""
+    CPU inference kernels."""
     return (x.device.type == "cpu" and x.dtype == torch.float32
             and not (torch.is_grad_enabled() and x.requires_grad))
 
 
 def softmax(scores: Tensor) -> Tensor:
-    """`F.softmax(scores, dim=-1)`; in CPU inference over rows shorter than the tuning
-    table's `short_softmax_keys`, exp(x - max) / sum, in place on one fresh tensor."""
-    if scores.shape[-1] >= hardware.TUNING.short_softmax_keys or not _inference_on_cpu(scores):
+    """`F.softmax(scores, dim=-1)`. On a CPU, rows shorter than the tuning table's
+    `short_softmax_keys` are computed from the definition, exp(x - max) / sum (in inference
+    in place on one fresh tensor; with gradients by `_DefinedSoftmax`), and a bf16 row in
+    float32, cast back: PyTorch's kernels are several times slower on short rows and on
+    bf16 (forward and backward)."""
+    if scores.device.type != "cpu":
         return F.softmax(scores, dim=-1)
-    e = (scores - scores.amax(-1, keepdim=True)).exp_()
-    return e.div_(e.sum(-1, keepdim=True))
+    short = scores.shape[-1] < hardware.TUNING.short_softmax_keys
+    if _inference_on_cpu(scores):
+        if not short:
+            return F.softmax(scores, dim=-1)
+        e = (scores - scores.amax(-1, keepdim=True)).exp_()
+        return e.div_(e.sum(-1, keepdim=True))
+    if short:
+        return _DefinedSoftmax.apply(scores)
+    return F.softmax(scores, dim=-1, dtype=_at_least_float32(scores)).to(scores.dtype)
+
+
+def _at_least_float32(x: Tensor) -> torch.dtype:
+    """float32, or x's dtype where it is wider (float64)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+class _DefinedSoftmax(torch.autograd.Function):
+    """Softmax over the last axis from its definition, in float32 or wider (a bf16 input's
+    result cast back): y = exp(x - max) / sum, and backward y * (g - sum(g * y))."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor) -> Tensor:
+        x = scores.to(_at_least_float32(scores))
+        e = (x - x.amax(-1, keepdim=True)).exp_()
+        y = e.div_(e.sum(-1, keepdim=True))
+        ctx.save_for_backward(y)
+        return y.to(scores.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (y,) = ctx.saved_tensors
+        g = grad.to(y.dtype)
+        return (y * (g - (g * y).sum(-1, keepdim=True))).to(grad.dtype)
 
 
 def masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:

@@ -6,9 +6,9 @@ row's model and batches, then the ones that speed chooses, until the choice stay
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from time import perf_counter
 
 from ..model.loss import LabelSmoothedLoss
 from ..model.transformer import Transformer
@@ -47,7 +47,7 @@ def measure_speed(model: Transformer, data: Data, cfg: TrainConfig,
     batches = [data.train.collate(idx).to(model.device)
                for idx in data.train_batches(epoch=1)[:SPEED_PROBE_STEPS]]
     for _ in range(2):  # a pass that makes the kernels, then the timed one
-        started = time.perf_counter()
+        started = perf_counter()
         for batch in batches:
             with autocast():
                 loss = loss_fn(batch.src, batch.src_valid_lens, batch.tgt_in, batch.tgt_out,
@@ -56,7 +56,7 @@ def measure_speed(model: Transformer, data: Data, cfg: TrainConfig,
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             loss.item()  # waits for the device
-    seconds = time.perf_counter() - started
+    seconds = perf_counter() - started
     return sum(b.num_tgt_tokens for b in batches) / max(seconds, 1e-9)
 
 
