@@ -166,6 +166,26 @@ def test_fused_loss_with_an_output_bias_equals_the_biased_projection():
         torch.testing.assert_close(mine.grad, theirs.grad)
 
 
+def test_fused_loss_with_a_bias_under_bf16_autocast_takes_the_bf16_products():
+    """Under bf16 autocast the products run in bf16 (the hidden states and weight rounded
+    to bf16) and the rest in float32: the loss and gradients of float64 cross-entropy over
+    the rounded inputs, to bf16's precision."""
+    hidden, weight, target = _hidden_weight_target(N=50, d=12, V=40)
+    bias = torch.randn(40, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = linear_label_smoothed_cross_entropy(hidden, weight, target, 0.1, 16, bias=bias)
+    ours.backward()
+    h, w = (x.detach().bfloat16().double().requires_grad_() for x in (hidden, weight))
+    b = bias.detach().double().requires_grad_()
+    ref = nn.CrossEntropyLoss(reduction="sum", label_smoothing=0.1)(
+        nn.functional.linear(h, w, b), target)
+    ref.backward()
+    torch.testing.assert_close(ours.double(), ref, rtol=1e-3, atol=0.0)  # bf16 logits
+    for mine, theirs in ((hidden, h), (weight, w), (bias, b)):
+        torch.testing.assert_close(mine.grad.double(), theirs.grad, rtol=0.0,
+                                   atol=1e-2 * theirs.grad.abs().max().item())
+
+
 def test_fused_loss_chunks_are_sized_for_the_device(tuning):
     """A CPU chunk holds ~4M logits (cache-sized), a GPU chunk ~64M (an 8k-token batch of an
     8k vocabulary in one chunk); never fewer than the table's loss_min_chunk_rows rows."""

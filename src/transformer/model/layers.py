@@ -9,11 +9,12 @@
   per element, this compares one random byte per element with a threshold, seven bytes
   from each 64-bit draw (`random_bytes`).
 - `linear_label_smoothed_cross_entropy`: the output projection and the label-smoothed loss
-  as one autograd function that works through the target tokens in chunks of rows, writing
-  the gradient `softmax - smoothed target` of each chunk and multiplying it into the
-  gradients of the hidden states and the weight right away. The (tokens, vocabulary) logits
-  are never materialized: a fresh logits-sized tensor costs page faults on every step, while
-  a chunk stays in cache.
+  as one autograd function that works through the target tokens in chunks of rows, one
+  reused buffer for a chunk's logits: their logsumexp and softmax, in place, multiplied
+  into the gradients of the hidden states and the weight right away; the smoothed target's
+  share of the gradients once for all rows. The (tokens, vocabulary) logits are never
+  materialized: a fresh logits-sized tensor costs page faults on every step, while a chunk
+  stays in cache.
 
 How much each saves is measured in docs/benchmarks.md ("The training step against
 `nn.Transformer`"); the chunks' sizes are the tuning table's (`hardware.MEASURED`).
@@ -143,16 +144,15 @@ class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
                 if bias is not None:
                     x += bias
                 m = x.amax(1, keepdim=True)  # (n, 1)
-                P = x.sub_(m).exp_()  # exp(x - m) = softmax * s
-                s = P.sum(1, keepdim=True)  # (n, 1)
+                E = x.sub_(m).exp_()  # exp(x - m) = softmax * s, in place
+                s = E.sum(1, keepdim=True)  # (n, 1)
                 lse[rows] = m + s.log()
-                if low is not None:
-                    P = low[:len(h)].copy_(P)
                 r = s.reciprocal()
+                P = E if low is None else low[:len(h)].copy_(E)  # in the products' dtype
                 _mm_into(grad_hidden[rows], P, W).mul_(r)  # softmax @ W
                 _add_mm(grad_weight, P.t(), (h * r).to(products))  # softmax^T H
                 if grad_bias is not None:
-                    grad_bias += torch.mv(P.t().to(acc), r[:, 0])  # softmax summed over rows
+                    grad_bias += torch.mv(E.t(), r[:, 0])  # softmax summed over rows
             H, W, target_rows = H.to(acc), W.to(acc), W[target].to(acc)  # W_y: (N, d)
             w_sum, h_sum = W.sum(0), H.sum(0)  # (d,)
             target_logits = (H * target_rows).sum()  # sum_n x_y
