@@ -185,7 +185,8 @@ def cpu_description() -> str:
     and the instruction sets of `KERNEL_FLAGS` it has) and what runs on it: PyTorch's CPU
     capability (e.g. AVX512), native bf16 (`hardware.cpu_has_native_bf16`, what `precision:
     auto` decides by), the libraries of our float32 and int8 products (the tuning table's
-    `float32_library` and `int8_onednn`), and any `--isa` limits in force."""
+    `float32_library`, `transposed_weights` and `int8_onednn`), and any `--isa` limits in
+    force."""
     import torch
 
     from transformer.hardware import TUNING, cpu_has_amx, cpu_has_native_bf16, cpu_info
@@ -197,9 +198,13 @@ def cpu_description() -> str:
         name += f" (family {cpu_info('cpu family')}, model {cpu_info('model')}; {isa})"
     limits = [f"{key}={os.environ[key]}" for key in ISA_VARIABLES if key in os.environ]
     int8 = "oneDNN (AMX)" if cpu_has_amx() else "oneDNN"
+    # a baseline's package may be older than the weights' layout
+    weights = (" (weights stored transposed)" if getattr(TUNING, "transposed_weights", False)
+               else "")
     return (f"CPU: {name}; torch CPU capability {torch.backends.cpu.get_cpu_capability()}, "
             f"native bf16 (AVX512-BF16 or AMX) {cpu_has_native_bf16()}; our float32 products "
-            f"through {'oneDNN' if TUNING.float32_library == 'onednn' else 'BLAS'}, int8 wide "
+            f"through {'oneDNN' if TUNING.float32_library == 'onednn' else 'BLAS'}"
+            f"{weights}, int8 wide "
             f"layers through {int8 if TUNING.int8_onednn else 'FBGEMM'}"
             + (f"; instruction sets limited by {' '.join(limits)}" if limits else ""))
 

@@ -89,8 +89,11 @@ def test_the_table_is_detected_once_with_what_depends_on_this_machine():
     assert detected == hardware.TUNING
     assert detected.float32_library == hardware.float32_library()
     assert detected.int8_onednn == ("onednn" in torch.backends.quantized.supported_engines)
+    assert detected.transposed_weights == (detected.float32_library == "blas"
+                                           and torch.backends.mkl.is_available())
     defaults = hardware.Tuning()
-    same = {f.name for f in dataclasses.fields(defaults)} - {"float32_library", "int8_onednn"}
+    same = {f.name for f in dataclasses.fields(defaults)} - {"float32_library", "int8_onednn",
+                                                            "transposed_weights"}
     assert all(getattr(detected, name) == getattr(defaults, name) for name in same)
 
 

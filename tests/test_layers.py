@@ -15,7 +15,9 @@ from transformer.model.layers import (
     default_chunk_rows,
     linear_label_smoothed_cross_entropy,
     random_bytes,
+    transpose_linear_weights,
 )
+from transformer.model.transformer import ModelConfig, Transformer
 
 
 def operators(f) -> set[str]:
@@ -41,6 +43,41 @@ def test_linear_multiplies_float32_inference_through_the_library_chosen(library,
     trained = layer(x)
     assert trained.requires_grad and torch.equal(trained, F.linear(x, layer.weight, layer.bias))
     assert "mkldnn::_linear_pointwise" not in operators(lambda: layer(x))
+
+
+def test_transposed_weights_keep_the_parameters_and_what_the_model_computes(tuning):
+    """`transpose_linear_weights` stores each Linear's weight as the transpose of an (in, out)
+    matrix: the same parameter objects, values and state dict, the tied output projection
+    still the embedding's weight, the model's outputs equal within float32 rounding; it
+    leaves the weights alone where the tuning table says so."""
+    tuning(float32_library="blas", transposed_weights=True)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(src_vocab_size=50, tgt_vocab_size=50, num_hiddens=32,
+                                    ffn_num_hiddens=64, num_heads=4, num_encoder_layers=2,
+                                    num_decoder_layers=2, dropout=0.0)).eval()
+    src, tgt = torch.randint(4, 50, (3, 9)), torch.randint(4, 50, (3, 6))
+    lens = torch.tensor([9, 5, 7])
+    with torch.inference_mode():
+        before = model(src, lens, tgt)
+    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    parameters = dict(model.named_parameters())
+    assert model.output_projection.weight is model.decoder.embedding.weight
+    transpose_linear_weights(model)
+    linears = [m for m in model.modules() if type(m) is Linear]
+    assert linears and all(m.weight.t().is_contiguous() and not m.weight.is_contiguous()
+                           for m in linears)
+    assert dict(model.named_parameters()) == parameters  # the same objects
+    assert model.output_projection.weight is model.decoder.embedding.weight
+    after_state = model.state_dict()
+    assert after_state.keys() == state.keys()
+    assert all(torch.equal(after_state[name], state[name]) for name in state)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(src, lens, tgt), before, rtol=1e-5, atol=1e-5)
+
+    tuning(transposed_weights=False)
+    other = nn.Sequential(Linear(8, 4))
+    transpose_linear_weights(other)
+    assert other[0].weight.is_contiguous()
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])

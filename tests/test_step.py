@@ -8,6 +8,7 @@ import torch
 from transformer.model.blocks import LayerCache
 from transformer.model.cache import BufferPool, StepCache
 from transformer.model.int8 import quantize_int8
+from transformer.model.layers import transpose_linear_weights
 from transformer.model.step import DecoderState
 from transformer.model.transformer import ModelConfig, Transformer
 
@@ -79,6 +80,21 @@ def test_the_step_computes_the_book_path_bit_for_bit(overrides):
         assert ours.shape == book.shape
         assert torch.equal(ours, book)
 
+
+
+@pytest.mark.parametrize("overrides", [{}, {"norm_first": True}], ids=["post-norm", "pre-norm"])
+def test_the_step_computes_the_book_path_bit_for_bit_with_transposed_weights(overrides,
+                                                                              tuning):
+    """A loaded translator's weights stored transposed (`transpose_linear_weights`): the
+    step's joined W_q/W_k/W_v weight keeps their layout, so its products give the separate
+    layers' numbers, as MKL computes each layout differently at few rows."""
+    tuning(float32_library="blas", transposed_weights=True)
+    model = make_model(**overrides)
+    transpose_linear_weights(model)
+    for ours, book in decode_both(model, *source([7, 4, 6])):
+        assert torch.equal(ours, book)
+    for ours, book in decode_both(model, *source([5])):  # 3 rows a step
+        assert torch.equal(ours, book)
 
 def test_the_step_over_long_sources_and_few_keys(tuning):
     """Sources past `fused_attention_min_keys` (the fused kernel), an unpadded batch (no

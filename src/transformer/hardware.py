@@ -7,12 +7,12 @@ kernel or a size on it: the package's one place of hardware knowledge.
 - **Threads**: `set_threads`, the one call of `torch.set_num_threads` in the package;
   `threads_set_to` and `threads_restored` set them for a block and restore them after it.
 - **The tuning table**: `TUNING`, one frozen `Tuning` of every constant a measurement chose
-  (the attention paths' thresholds, int8's chunk sizes, decoding's batch rows, the cache's
-  pool, the fused loss's chunks), detected once per process where it depends on the CPU or
-  on PyTorch's build. `MEASURED` says, for each, what it decides, the CPUs it was measured
-  on and the section of docs/benchmarks.md with the numbers. Code reads `TUNING` when it
-  runs, so a test swaps the whole table (the `tuning` fixture of tests/conftest.py) instead
-  of patching constants one by one.
+  (the attention paths' thresholds, the float32 library and its weights' layout, int8's
+  chunk sizes, decoding's batch rows, the cache's pool, the fused loss's chunks), detected
+  once per process where it depends on the CPU or on PyTorch's build. `MEASURED` says, for
+  each, what it decides, the CPUs it was measured on and the section of docs/benchmarks.md
+  with the numbers. Code reads `TUNING` when it runs, so a test swaps the whole table (the
+  `tuning` fixture of tests/conftest.py) instead of patching constants one by one.
 """
 
 from __future__ import annotations
@@ -127,6 +127,7 @@ class Tuning:
     small_bmm_products: int = 400
     fused_attention_min_keys: int = 48
     float32_library: str = "blas"
+    transposed_weights: bool = False
     int8_onednn: bool = False
     int8_max_outputs: int = 2 ** 19
     int8_onednn_min_outputs: int = 2048
@@ -177,6 +178,13 @@ MEASURED = {
         "faster than MKL on AMD's from 150 rows on); detected from the CPU's vendor",
         "Intel Xeon (AMX), AMD EPYC Zen 4, Zen 5",
         f"{_TUNING} > The float32 library by CPU vendor"),
+    "transposed_weights": Measured(
+        "whether a loaded translator keeps its float32 linear weights (out, in) as the "
+        "transpose of an (in, out) matrix (`layers.transpose_linear_weights`): MKL multiplies "
+        "a decoding step's few rows 1.2-1.7x faster with that layout, and as fast from a few "
+        "hundred rows; detected: MKL's BLAS multiplies float32 here",
+        "Intel Xeon (AMX)",
+        f"{_TUNING} > Linear weights stored transposed for MKL"),
     "int8_onednn": Measured(
         "whether int8's wide layers can run oneDNN's kernels: PyTorch's build has the "
         "oneDNN quantized engine; detected", "every CPU",
@@ -238,7 +246,9 @@ MEASURED = {
 def detect_tuning() -> Tuning:
     """The table for this process: the measured constants, with what depends on the CPU
     and on PyTorch's build detected."""
-    return Tuning(float32_library=float32_library(),
+    library = float32_library()
+    return Tuning(float32_library=library,
+                  transposed_weights=library == "blas" and torch.backends.mkl.is_available(),
                   int8_onednn="onednn" in torch.backends.quantized.supported_engines)
 
 

@@ -43,6 +43,7 @@ from ..data.tokenizer import TokenizerPair
 from ..errors import CheckpointError, DataError, ExportError
 from ..model.ensemble import Ensemble, members
 from ..model.int8 import quantize_int8
+from ..model.layers import transpose_linear_weights
 from ..model.loss import sentence_log_probs
 from ..model.transformer import ModelConfig, Transformer
 from ..run.checkpoint import (
@@ -511,16 +512,18 @@ class Translator(BaseTranslator):
         paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
         files = [resolve_checkpoint(p) for p in paths]
         if ensemble:
-            return cls._load_ensemble(files, device, quantize=quantize, threads=threads)
-        state = load_checkpoint(files[0]) if len(files) == 1 else average_weights(files)
-        name = files[0] if len(files) == 1 else f"the average of {len(files)} checkpoints"
-        tokenizers = tokenizers_from_state(state, name)
-        model = model_from_checkpoint(state, name)
-        check_tokenizers(model.config, tokenizers, name)
-        translator = cls(model, tokenizers, device, decoding=stored_decoding(state, name),
-                         training_config=stored_training_config(state, name),
-                         quantize=quantize, threads=threads)
-        translator.run_id = stored_run_id(state)
+            translator = cls._load_ensemble(files, device, quantize=quantize, threads=threads)
+        else:
+            state = load_checkpoint(files[0]) if len(files) == 1 else average_weights(files)
+            name = files[0] if len(files) == 1 else f"the average of {len(files)} checkpoints"
+            tokenizers = tokenizers_from_state(state, name)
+            model = model_from_checkpoint(state, name)
+            check_tokenizers(model.config, tokenizers, name)
+            translator = cls(model, tokenizers, device, decoding=stored_decoding(state, name),
+                             training_config=stored_training_config(state, name),
+                             quantize=quantize, threads=threads)
+            translator.run_id = stored_run_id(state)
+        transpose_linear_weights(translator.model)  # its own model (int8 layers: no Linears)
         return translator
 
     @classmethod

@@ -5,6 +5,8 @@
   oneDNN (`torch.ops.mkldnn._linear_pointwise`), which picks its kernels by the CPU's
   instruction set, or the BLAS `F.linear` calls (MKL's sgemm), whose AVX-512 kernels run on
   Intel's CPUs only. Training, autocast and other devices take `F.linear`.
+  `transpose_linear_weights` stores a loaded translator's weights in the layout MKL
+  multiplies a decoding step's few rows fastest.
 - `Dropout`: `nn.Dropout` with a cheaper random mask on CPU: `torch.bernoulli_` draws a float
   per element, this compares one random byte per element with a threshold, seven bytes
   from each 64-bit draw (`random_bytes`).
@@ -32,7 +34,7 @@ from torch.nn import functional as F
 
 from .. import hardware
 
-__all__ = ["Dropout", "Linear", "linear", "default_chunk_rows",
+__all__ = ["Dropout", "Linear", "linear", "transpose_linear_weights", "default_chunk_rows",
            "linear_label_smoothed_cross_entropy"]
 
 
@@ -46,6 +48,26 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
                                                       and bias.requires_grad)))):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
+
+
+def transpose_linear_weights(model: nn.Module) -> None:
+    """Store each float32 CPU weight (out, in) of `model`'s `Linear`s as the transpose of a
+    contiguous (in, out) matrix, where `hardware.TUNING.transposed_weights` (MKL's BLAS).
+
+    The parameters stay the same objects with the same values and shapes (state dicts and
+    tied weights unchanged); only their memory layout changes, so `F.linear`'s x @ weight.T
+    reaches MKL as a plain product instead of one with a transposed operand, which MKL runs
+    1.2-1.7x faster at the few rows of a decoding step (docs/benchmarks.md, "Linear weights
+    stored transposed for MKL"). For a translator's own model, in eval mode: the optimizer
+    of a model in training expects its parameters as they were made.
+    """
+    if not hardware.TUNING.transposed_weights:
+        return
+    for module in model.modules():
+        weight = module.weight if type(module) is Linear else None
+        if (weight is not None and weight.device.type == "cpu"
+                and weight.dtype == torch.float32 and weight.is_contiguous()):
+            weight.data = weight.data.t().contiguous().t()  # tied weights: changed once
 
 
 class Linear(nn.Linear):

@@ -61,9 +61,18 @@ def _joined_qkv(attention: MultiHeadAttention) -> Callable[[Tensor], Tensor] | N
     if not all(type(layer) is Linear for layer in layers) or len(
             {layer.bias is None for layer in layers}) > 1:
         return None
-    return _bound_linear(torch.cat([layer.weight for layer in layers]),
+    return _bound_linear(_joined(*(layer.weight for layer in layers)),
                          None if layers[0].bias is None
                          else torch.cat([layer.bias for layer in layers]))
+
+
+def _joined(*weights: Tensor) -> Tensor:
+    """Weights (out_i, in) -> (sum out_i, in), in the layout of the first: stored
+    transposed (`layers.transpose_linear_weights`), the joined one is too, so the product
+    takes the same kernel as the separate ones."""
+    if weights[0].t().is_contiguous() and not weights[0].is_contiguous():
+        return torch.cat([weight.t() for weight in weights], dim=1).t()
+    return torch.cat(weights)
 
 
 def _bound_linear(weight: Tensor, bias: Tensor | None) -> Callable[[Tensor], Tensor]:

@@ -1,0 +1,80 @@
+"""Does a linear layer's weight multiply faster stored transposed? `F.linear(x, W, b)` with W
+(out, in) contiguous, as a model is made, against the same W stored as the transpose of a
+contiguous (in, out) matrix (`layers.transpose_linear_weights`), per row count, and whether
+the two give the same numbers, bit for bit.
+
+    python bench/linear_layout.py [--threads 1] [--rows 1 5 10 50 100 500 1000]
+                                  [--shapes 128x384 128x128 128x256 256x128 128x8000]
+                                  [--rounds 7] [--isa AVX2|AVX512]
+
+The shapes default to Transformer-Tiny's decoder (d 128, FFN 256, W_q/W_k/W_v joined: 384)
+and its output projection (8,000 pieces); a decoding step multiplies beam x sentences rows.
+Printed per shape and row count: the two layouts' medians over `--rounds` paired rounds,
+their ratio (above 1x, the transposed one is faster) and "same" or "differs" (any bit, over
+three random inputs). Each call runs in a loop of ~20M multiply-adds so one timing is not
+one call's noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+from timing import add_isa_argument, cpu_description, hold_to_isa, paired_passes
+from torch.nn import functional as F
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 5, 10, 50, 100, 500, 1000])
+    parser.add_argument("--shapes", nargs="+",
+                        default=["128x384", "128x128", "128x256", "256x128", "128x8000"],
+                        help="IN x OUT of each weight")
+    parser.add_argument("--rounds", type=int, default=7)
+    add_isa_argument(parser)
+    return parser.parse_args()
+
+
+def same_numbers(weight: torch.Tensor, transposed: torch.Tensor, bias: torch.Tensor,
+                 rows: int) -> bool:
+    """Whether both layouts give every output bit for bit, over three random inputs."""
+    return all(torch.equal(F.linear(x, weight, bias), F.linear(x, transposed, bias))
+               for x in torch.randn(3, rows, weight.shape[1]))
+
+
+def compare(d_in: int, d_out: int, rows: int, rounds: int) -> str:
+    """One row of the table: both layouts' median microseconds a call, their ratio, same?"""
+    weight, bias = torch.randn(d_out, d_in) / d_in ** 0.5, torch.randn(d_out)
+    transposed = weight.t().contiguous().t()  # the same (out, in) values, (in, out) in memory
+    x = torch.randn(rows, d_in)
+    calls = max(3, 20_000_000 // (rows * d_in * d_out))
+
+    def loop(w: torch.Tensor):
+        return lambda: [F.linear(x, w, bias) for _ in range(calls)]
+
+    seconds, _ = paired_passes({"usual": loop(weight), "transposed": loop(transposed)}, rounds)
+    usual, ours = (statistics.median(seconds[k]) / calls * 1e6 for k in ("usual", "transposed"))
+    same = "same" if same_numbers(weight, transposed, bias, rows) else "differs"
+    return (f"{d_in:>5} x {d_out:<6} {rows:>6} {usual:>10.1f} {ours:>12.1f} "
+            f"{usual / ours:>7.2f}x  {same}")
+
+
+def main() -> None:
+    args = parse_args()
+    hold_to_isa(args.isa)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}; {args.threads} thread(s); median of {args.rounds} rounds")
+    print(cpu_description())
+    print(f"{'weight':>14} {'rows':>6} {'usual us':>10} {'transposed us':>12} {'ratio':>8}  bits")
+    with torch.inference_mode():
+        for shape in args.shapes:
+            d_in, d_out = (int(n) for n in shape.lower().split("x"))
+            for rows in args.rows:
+                print(compare(d_in, d_out, rows, args.rounds), flush=True)
+
+
+if __name__ == "__main__":
+    main()
