@@ -58,8 +58,9 @@ def transpose_linear_weights(model: nn.Module) -> None:
     tied weights unchanged); only their memory layout changes, so `F.linear`'s x @ weight.T
     reaches MKL as a plain product instead of one with a transposed operand, which MKL runs
     1.2-1.7x faster at the few rows of a decoding step (docs/benchmarks.md, "Linear weights
-    stored transposed for MKL"). For a translator's own model, in eval mode: the optimizer
-    of a model in training expects its parameters as they were made.
+    stored transposed for MKL"). `Translator.load` calls it on the model it loaded; a
+    model in training keeps the layout it was made with (its backward products and the
+    optimizer's state were measured in it).
     """
     if not hardware.TUNING.transposed_weights:
         return
