@@ -81,7 +81,6 @@ def test_the_step_computes_the_book_path_bit_for_bit(overrides):
         assert torch.equal(ours, book)
 
 
-
 @pytest.mark.parametrize("overrides", [{}, {"norm_first": True}], ids=["post-norm", "pre-norm"])
 def test_the_step_computes_the_book_path_bit_for_bit_with_transposed_weights(overrides,
                                                                               tuning):
@@ -95,6 +94,7 @@ def test_the_step_computes_the_book_path_bit_for_bit_with_transposed_weights(ove
         assert torch.equal(ours, book)
     for ours, book in decode_both(model, *source([5])):  # 3 rows a step
         assert torch.equal(ours, book)
+
 
 def test_the_step_over_long_sources_and_few_keys(tuning):
     """Sources past `fused_attention_min_keys` (the fused kernel), an unpadded batch (no
