@@ -206,6 +206,13 @@ def test_the_server_serves_an_ensemble(members):
         first = Translator.load(members[0], device="cpu").model
         assert len(heads["layers"]) == 3 * 2  # the first member's 2 + 2 blocks' layers
         assert heads["num_heads"] == first.config.num_heads
+        info = client.get("/info").json()
+        alone = [Translator.load(path, device="cpu") for path in members]
+        assert info["models"] == len(members)
+        assert info["parameters"] == sum(t.num_parameters for t in alone)
+        # the first member's config, within the positions every member has
+        assert info["model"] == {**first.config.to_dict(), "max_positions": min(
+            t.model_config.max_positions for t in alone)}
 
 
 def test_translate_command_ensemble(members, tmp_path, capsys):

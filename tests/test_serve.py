@@ -367,7 +367,7 @@ def test_health_and_info(client, translator):
     assert after["batches"] == before["batches"] + 1
     assert after["sentences"] == before["sentences"] + 3
     info = client.get("/info").json()
-    assert info["engine"] == "torch" and info["attention"] is True
+    assert info["engine"] == "torch" and info["attention"] is True and info["models"] == 1
     assert info["parameters"] == sum(p.numel() for p in translator.model.parameters())
     assert info["decoding"] == {"beam_size": 5, "alpha": 1.0, "max_len_a": 1.5, "max_len_b": 10}
     assert info["limits"] == {"sentences": MAX_SENTENCES, "characters": MAX_CHARS,

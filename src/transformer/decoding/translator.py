@@ -176,6 +176,11 @@ class BaseTranslator(ABC):
         """The model's parameter count, where the engine can tell."""
         return None
 
+    @property
+    def num_models(self) -> int:
+        """How many models decode together: an ensemble's members, else 1."""
+        return 1
+
     def request(self, request: DecodingRequest | None = None,
                 **options: Any) -> DecodingRequest:
         """The request of one call, checked against this engine and model (`check`):
@@ -494,6 +499,10 @@ class Translator(BaseTranslator):
     def num_parameters(self) -> int:
         """The float32 model's parameter count (also where its layers run in int8)."""
         return self._num_parameters
+
+    @property
+    def num_models(self) -> int:
+        return len(members(self.model))
 
     @classmethod
     def load(cls, checkpoint: PathLike | Sequence[PathLike],

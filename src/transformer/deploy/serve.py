@@ -20,9 +20,9 @@ Endpoints (errors are `{"error": "...", "field": "..."}` with a 4xx/5xx status):
   translation, its SentencePiece pieces (a multilingual model's target-language tag first)
   and every attention layer's per-head weights, teacher-forced on that translation (the torch
   engine only; another engine answers 501; an ensemble shows its first member's).
-- `GET /health`, `GET /info` (languages, the target languages, parameters, model config,
-  engine, decoding defaults, limits); `GET /` the page (`static/`: plain HTML, JS and CSS,
-  nothing fetched from outside).
+- `GET /health`, `GET /info` (languages, the target languages, parameters, models (an
+  ensemble's members), model config, engine, decoding defaults, limits); `GET /` the page
+  (`static/`: plain HTML, JS and CSS, nothing fetched from outside).
 
 Requests arriving together are translated together: `Batcher` queues them, and one worker
 takes the first waiting request plus whatever arrives within `max_wait_s`, up to `max_tokens`
@@ -439,14 +439,16 @@ def attention_report(translator: Translator, text: str,
 
 def server_info(translator: BaseTranslator) -> dict[str, Any]:
     """What /info reports: engine, languages (a multilingual model's target is null), the
-    target languages `target_lang` may name, model size and config, decoding defaults and
-    the request limits. Fields an engine cannot tell are null."""
+    target languages `target_lang` may name, model size, how many models decode (an
+    ensemble's members) and the config (an ensemble's first member's), decoding defaults
+    and the request limits. Fields an engine cannot tell are null."""
     languages = translator.languages
     return {
         "engine": translator.engine,
         "languages": {"source": languages["src"], "target": languages["tgt"]},
         "target_languages": list(translator.target_languages),
-        "parameters": translator.num_parameters,
+        "parameters": translator.num_parameters,  # an ensemble's: its members', summed
+        "models": translator.num_models,  # an ensemble's members, else 1
         "model": translator.model_config.to_dict(),
         "decoding": asdict(translator.decoding),
         "attention": isinstance(translator, Translator),
