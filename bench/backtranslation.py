@@ -27,7 +27,9 @@ sets: a line equal to a sentence of Multi30k's train, val or test split in that 
 dropped (a test reference among the target-side text would leak it). Every model trains the
 recipe for the same number of updates of the same size (bench/corpora.py's `recipe`;
 `--settings budget`, the default: the batch size, dropout and lr the recipe chooses for that
-many updates and its corpus, 2,048-token batches at 4,000), then translates
+many updates and its corpus, 2,048-token batches at 4,000; `--settings budget_2048`: those it
+chooses for `--updates` x 2,048 target tokens, the 4,000 updates' batches in a longer run,
+where `budget` takes batches of 4,096 tokens from 5,000 updates), then translates
 test_2016_flickr (beam 5) with the average of its last 5 numbered checkpoints and with its
 last checkpoint, scored with cased sacreBLEU (with its brevity penalty and length ratio) and
 chrF. Which checkpoint is reported is fixed in advance (the average); nothing is chosen on
@@ -97,6 +99,7 @@ from corpora import (
     read_gz,
     read_results,
     recipe,
+    recipe_budget,
     run,
     save_results,
     test_source,
@@ -109,7 +112,7 @@ from timing import timed
 
 import transformer
 from transformer.run.tokenizers import vocab_size_for
-from transformer.training.schedule import Budget, budget_settings
+from transformer.training.schedule import budget_settings
 
 HERE = Path(__file__).resolve().parent
 ARMS = ("reverse", "baseline", "bt_tagged", "bt_untagged", "bt_beam", "bt_finetune")
@@ -286,7 +289,7 @@ def whole_budget_settings(updates: int, settings: str) -> list[str]:
     if settings == "wu":
         return [o for o in recipe(updates, settings) if o.startswith(
             ("data.max_tokens=", "model.dropout=", "optim.lr=", "optim.warmup_fraction="))]
-    row = budget_settings(Budget(max_updates=updates), MULTI30K_EPOCH_TOKENS)
+    row = budget_settings(recipe_budget(updates, settings), MULTI30K_EPOCH_TOKENS)
     fraction = row.warmup_fraction
     if fraction is None:  # a warmup in updates (Wu et al.'s 2,000): as a share, for a stage
         fraction = round(recipe_warmup_updates() / updates, 4)

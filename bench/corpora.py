@@ -70,7 +70,8 @@ HERE = Path(__file__).resolve().parent
 LANGS = ("de", "fr", "cs")
 TRAINED = ("clean", "noisy", "cleaned", "shuffled", "shuffled_cleaned", "multilingual")
 ARMS = ("noise", *TRAINED)
-SETTINGS = ("wu", "budget")
+SETTINGS = ("wu", "budget", "budget_2048")
+SMALL_BATCH_TOKENS = 2048  # `budget_2048`: the batches the recipe chooses at 4,000 updates
 
 
 # ---- training and scoring an arm --------------------------------------------------------------
@@ -85,9 +86,14 @@ def recipe(updates: int, settings: str = "wu") -> list[str]:
     schedule the arms of docs/results.md's "Several corpora and cleaning" and "One
     multilingual model" trained with, before the recipe fitted its settings to the
     budget). `budget`: the recipe as it is, its settings and schedule chosen for a
-    budget of `updates` updates (`schedule.budget_settings`, the model too)."""
+    budget of `updates` updates (`schedule.budget_settings`, the model too).
+    `budget_2048`: the recipe as it is for a budget of `updates` x 2,048 target tokens
+    (`trainer.max_target_tokens`; the updates end first): from 5,000 updates `budget`
+    takes batches of 4,096 tokens or more, this keeps the 4,000 updates' batches and
+    settings in a longer run."""
+    tokens = "null" if settings != "budget_2048" else updates * SMALL_BATCH_TOKENS
     limits = [f"trainer.max_updates={updates}", "trainer.max_time=null",
-              "trainer.max_target_tokens=null"]
+              f"trainer.max_target_tokens={tokens}"]
     if settings == "wu":
         limits += ["model=tiny", "data.max_tokens=8192", "model.dropout=0.3", "optim.lr=0.005",
                    f"optim.cooldown_updates={updates // 3}", "optim.cooldown=0",
@@ -102,9 +108,17 @@ def update_tokens(updates: int, settings: str) -> int:
     """The tokens of one update of `recipe(updates, settings)`."""
     if settings == "wu":
         return 8192
-    if settings == "budget":
-        return batch_row(Budget(max_updates=updates)).update_tokens
+    if settings in ("budget", "budget_2048"):
+        return batch_row(recipe_budget(updates, settings)).update_tokens
     raise SystemExit(f"unknown settings {settings!r}: one of {', '.join(SETTINGS)}")
+
+
+def recipe_budget(updates: int, settings: str) -> Budget:
+    """The budget whose settings `recipe(updates, settings)` trains with (`budget` or
+    `budget_2048`)."""
+    if settings == "budget_2048":
+        return Budget(max_updates=updates, max_target_tokens=updates * SMALL_BATCH_TOKENS)
+    return Budget(max_updates=updates)
 
 
 def validation_window(tokens: int) -> int:
@@ -118,8 +132,9 @@ def add_settings_option(parser: argparse.ArgumentParser, default: str) -> None:
     parser.add_argument("--settings", choices=SETTINGS, default=default,
                         help="wu: Wu et al.'s batch size, dropout and lr with a cooldown over "
                              "the last third; budget: the ones the recipe chooses for "
-                             f"--updates updates (default {default}: the numbers in "
-                             "docs/results.md)")
+                             "--updates updates; budget_2048: the ones it chooses for "
+                             f"--updates x 2,048 target tokens (default {default}: the numbers "
+                             "in docs/results.md)")
 
 
 def corpus_entry(name: str, src: Path, tgt: Path, **extra: str) -> str:
