@@ -66,7 +66,9 @@ the ctranslate2 module imports) by its int8 export (`transformer export --quanti
 int8`, OUT/reverse/ct2-int8), 2 threads. Its sentences/s come from the command's last line
 on stderr.
 
-`--reverse-updates N` trains the reverse model for N updates instead (its settings the
+`--seed N` gives every trained arm `seed=N` and `data.seed=N` (initialisation, dropout, data
+order and the mixture's sampling), for a second measurement of the same arms in another
+`--out`. `--reverse-updates N` trains the reverse model for N updates instead (its settings the
 recipe's for N), so that one reverse model serves arms of a larger budget. At the recipe's
 own budget (`--updates 8020`: 8,192-token batches, dropout 0.3, lr 0.005, a warmup of 2,000
 updates, which each `bt_finetune` stage takes as the same share of its updates),
@@ -131,6 +133,7 @@ class Setup:
     src: str  # the language the arms other than `reverse` translate from ...
     tgt: str  # ... and into: the monolingual text's language
     parallel_pairs: int | None  # the first N training pairs only; None: all of them
+    seed: int | None = None  # every arm's `seed` and `data.seed`; None: the config's
 
     def languages(self, arm: str) -> tuple[str, str]:
         """(source, target) of an arm: `reverse` translates the other way."""
@@ -264,6 +267,8 @@ def arm_overrides(arm: str, setup: Setup, bt_weight: float, updates: int,
     back-translation of the mixed arms (OUT/SYNTHETIC.SRC)."""
     src, tgt = setup.languages(arm)
     overrides = [f"data.src_lang={src}", f"data.tgt_lang={tgt}"]
+    if setup.seed is not None:
+        overrides += [f"seed={setup.seed}", f"data.seed={setup.seed}"]
     every = [f"trainer.validate_every_updates={max(1, updates // 40)}"]  # replaces recipe's
     if setup.parallel_pairs:
         overrides += [f"data.vocab_size={parallel_vocab_size(setup)}",
@@ -455,6 +460,8 @@ def parse_args() -> argparse.Namespace:
                              "export, when the module imports; else torch)")
     parser.add_argument("--threads", type=int, default=2,
                         help="the back-translation's threads (default 2)")
+    parser.add_argument("--seed", type=int, metavar="N",
+                        help="every trained arm's seed and data.seed (default: the config's, 1)")
     parser.add_argument("--reuse-clean", type=Path, metavar="DIR",
                         help="a finished run of bench/corpora.py's clean arm (the same "
                              "--updates) to score as the baseline instead of training one")
@@ -485,7 +492,7 @@ def main() -> None:
     args = parse_args()
     src, tgt = args.pair.split("-")
     pairs = round(MULTI30K_PAIRS * args.parallel_share) if args.parallel_share else None
-    setup = Setup(args.root.resolve(), args.out.resolve(), src, tgt, pairs)
+    setup = Setup(args.root.resolve(), args.out.resolve(), src, tgt, pairs, args.seed)
     setup.out.mkdir(parents=True, exist_ok=True)
     results = read_results(setup.out)
     reverse_updates = args.reverse_updates or args.updates
@@ -524,7 +531,8 @@ def main() -> None:
                             setup.out / f"{arm}.log", args.settings)
         cleaning = run_dir / "cleaning.txt"
         results[arm] = {
-            "updates": updates, "settings": args.settings, "pair": f"{a_src}-{a_tgt}",
+            "updates": updates, "settings": args.settings, "seed": args.seed,
+            "pair": f"{a_src}-{a_tgt}",
             "parallel_pairs": pairs, "run_dir": str(run_dir),
             "weights": corpus_weights(run_dir), **times(run_dir, seconds, results.get(arm, {})),
             "test": score(run_dir, setup.root, a_src, a_tgt),
