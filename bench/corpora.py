@@ -91,7 +91,7 @@ def recipe(updates: int, settings: str = "wu") -> list[str]:
     (`trainer.max_target_tokens`; the updates end first): from 5,000 updates `budget`
     takes batches of 4,096 tokens or more, this keeps the 4,000 updates' batches and
     settings in a longer run."""
-    tokens = "null" if settings != "budget_2048" else updates * SMALL_BATCH_TOKENS
+    tokens = recipe_budget(updates, settings).max_target_tokens or "null"
     limits = [f"trainer.max_updates={updates}", "trainer.max_time=null",
               f"trainer.max_target_tokens={tokens}"]
     if settings == "wu":
@@ -114,8 +114,9 @@ def update_tokens(updates: int, settings: str) -> int:
 
 
 def recipe_budget(updates: int, settings: str) -> Budget:
-    """The budget whose settings `recipe(updates, settings)` trains with (`budget` or
-    `budget_2048`)."""
+    """The budget `recipe(updates, settings)` trains to: `updates` updates, and for
+    `budget_2048` their target tokens at 2,048 a batch, whose row of settings the recipe
+    then chooses (`wu` fixes its settings itself)."""
     if settings == "budget_2048":
         return Budget(max_updates=updates, max_target_tokens=updates * SMALL_BATCH_TOKENS)
     return Budget(max_updates=updates)
