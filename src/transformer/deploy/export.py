@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -193,6 +194,45 @@ def transformer_spec(model: Transformer, tokenizers: TokenizerPair) -> Any:
     return spec
 
 
+INT8_WEIGHT_MAX = 63  # int8 weights in [-63, 63]: see `quantize_spec`
+
+
+def quantize_spec(spec: Any, quantization: str) -> None:
+    """CTranslate2's `optimize` into `quantization`; then, for int8, every int8 weight matrix
+    quantized again from its float32 values into 7 bits (per row: scale 63 / max |w|, where
+    CTranslate2 takes 127), and the sinusoid tables halved (`_halve_position_tables`).
+
+    Seven bits because CTranslate2's int8 product on x86 CPUs without VNNI (AVX2: oneDNN's
+    u8s8 kernel, `vpmaddubsw`) adds each pair of uint8 x int8 products into a saturating
+    16-bit sum: 2 x 255 x 127 overflows it, 2 x 255 x 63 = 32,130 does not. PyTorch's x86
+    int8 gives up the same bit (its `reduce_range`, on the activations). With 8-bit weights
+    an export loses far more on such CPUs than on VNNI ones (docs/benchmarks.md)."""
+    floats = {}
+    if quantization.startswith("int8"):
+        floats = {name: np.array(value.numpy(), dtype=np.float32)  # copies: optimize
+                  for name, value in spec.variables().items()  # works in place
+                  if not isinstance(value, str) and value.dtype == "float32"}
+    spec.optimize(quantization=quantization)
+    if not floats:
+        return
+    from ctranslate2.specs.model_spec import NumpyVariable
+
+    def seven_bits(layer: Any, name: str, value: Any) -> None:
+        key = name.rsplit("/", 1)[-1]
+        if getattr(value, "dtype", None) != "int8" or not hasattr(layer, f"{key}_scale"):
+            return
+        weight = floats[name]  # (out, in)
+        row_max = np.abs(weight).max(axis=1)
+        row_max[row_max == 0] = INT8_WEIGHT_MAX  # a zero row (a pruned head): scale 1
+        scale = (INT8_WEIGHT_MAX / row_max).astype(np.float32)
+        setattr(layer, key, NumpyVariable(np.rint(weight * scale[:, None]).astype(np.int8)))
+        setattr(layer, f"{key}_scale", NumpyVariable(scale))
+
+    spec._visit(seven_bits)
+    if quantization == "int8":
+        _halve_position_tables(spec)
+
+
 def _halve_position_tables(spec: Any) -> None:
     """Store the sinusoid tables in float16 (CTranslate2 converts them back to float32 on
     loading): beside 8-bit weights their rounding (< 5e-4) is negligible, and a 1,024 x d
@@ -237,9 +277,7 @@ def export_ctranslate2(translator: Translator, output: PathLike, *,
                           f"--output")
     spec = transformer_spec(translator.model, translator.tokenizers)
     spec.validate()
-    spec.optimize(quantization=quantization)
-    if quantization == "int8":
-        _halve_position_tables(spec)
+    quantize_spec(spec, quantization)
     shared = translator.tokenizers.shared
     files = {"src": "spm.model", "tgt": "spm.model"} if shared else {
         "src": "source.spm.model", "tgt": "target.spm.model"}
