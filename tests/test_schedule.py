@@ -514,9 +514,10 @@ def test_a_time_budget_measures_the_speed_then_keeps_its_settings_when_resumed(
 def test_the_speed_probe_measures_again_at_the_model_and_batch_it_chooses(tmp_path, small,
                                                                            monkeypatch):
     """The smallest row's model is probed first; where its speed chooses another model or
-    batch, those are probed too, and the settings follow the last speed measured. A model
-    and batch the config fixes are probed once."""
-    speeds = {"small": 4000.0, "tiny": 9000.0}  # 1,800 s: 7.2M tokens, then 16.2M
+    batch, those are probed too; a choice its own speed confirms is followed by a probe one
+    row up, kept where that row's speed confirms it (the most tokens), else the lower. A
+    model and batch the config fixes are probed once."""
+    speeds = {}
     probed = []
 
     def measure(self, cfg):
@@ -526,16 +527,39 @@ def test_the_speed_probe_measures_again_at_the_model_and_batch_it_chooses(tmp_pa
     monkeypatch.setattr(Trainer, "_measure_speed", measure)
     cfg = compose_config(small + ["model=auto", "data.max_tokens=null", "model.dropout=null",
                                   "optim.lr=null", "trainer.max_time=1800"])
-    trainer = Trainer(cfg, tmp_path / "auto", DistEnv())
-    trainer.close()
-    assert probed == [("small", 1024), ("tiny", 2048)]
+
+    def chosen(small_speed: float, tiny_speed: float, name: str):
+        speeds.update(small=small_speed, tiny=tiny_speed)
+        probed.clear()
+        trainer = Trainer(cfg, tmp_path / name, DistEnv())
+        trainer.close()
+        return trainer
+
+    # 1,800 s: 7.2M tokens at the small model's speed, then 16.2M at Tiny's: Tiny, 2,048-token
+    # batches; the 20M row's batches, at Tiny's speed, fall back to them
+    trainer = chosen(4000.0, 9000.0, "fast")
+    assert probed == [("small", 1024), ("tiny", 2048), ("tiny", 4096)]
     assert trainer.budget_settings == budget_settings(Budget.of(cfg), trainer.epoch_tokens,
                                                       9000.0, model="auto")
     assert trainer.budget_settings.model == "tiny" and trainer.cfg.data.max_tokens == 2048
+    # a slow CPU: 3.6M tokens at the small model's speed confirm the small model, but Tiny's
+    # speed (8.1M) confirms Tiny too, which trains more tokens
+    trainer = chosen(2000.0, 4500.0, "slow")
+    assert probed == [("small", 1024), ("tiny", 2048), ("tiny", 4096)]
+    assert trainer.budget_settings == budget_settings(Budget.of(cfg), trainer.epoch_tokens,
+                                                      4500.0, model="auto")
+    assert trainer.budget_settings.model == "tiny" and trainer.cfg.data.max_tokens == 2048
+    # slower still: Tiny's speed (5.0M tokens) chooses the small model again, which stays
+    trainer = chosen(2000.0, 2800.0, "slower")
+    assert probed == [("small", 1024), ("tiny", 2048)]
+    assert trainer.budget_settings == budget_settings(Budget.of(cfg), trainer.epoch_tokens,
+                                                      2000.0, model="auto")
+    assert trainer.budget_settings.model == "small" and trainer.cfg.data.max_tokens == 1024
     probed.clear()
     fixed = compose_config(small + ["model.dropout=null", "trainer.max_time=1800"])
     Trainer(fixed, tmp_path / "fixed", DistEnv()).close()
     assert probed == [("tiny", 512)]  # the fixture's model=tiny and data.max_tokens=512
+
 
 def test_the_speed_probe_times_the_second_pass_over_its_batches(tmp_path, small, monkeypatch):
     """Each probe batch is stepped twice (a batch's first step makes its shapes' kernels);

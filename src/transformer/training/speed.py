@@ -66,22 +66,53 @@ def settings_at_measured_speed(cfg: TrainConfig, epoch_tokens: int,
     """`budget_settings` for `cfg`'s budget at the speed of the model and batch they choose,
     and that speed (None without a time limit). `measure(cfg)` times training steps at
     `cfg`'s model and batch, on one rank; the speed of `world_size` ranks is that times
-    `world_size`. A time limit is measured first at `probe_settings` (the slowest row), then
-    at the model and batch that speed chooses, until the choice stays (at most one probe
-    per row): the smallest row's speed alone plans a faster model's run for too few
-    tokens."""
+    `world_size`.
+
+    A time limit is measured first at `probe_settings` (the slowest row), then at the model
+    and batch that speed chooses, until a choice is confirmed by its own speed; then one row
+    up (`_one_row_up`), since a faster model or batch may reach that row's tokens too: the
+    choice is the confirmed one that trains the most tokens. At most one probe per model and
+    batch: the smallest row's speed alone plans a faster model's run for too few tokens."""
     budget = Budget.of(cfg)
     if budget.max_time is None:
         return budget_settings(budget, epoch_tokens, None, cfg.model.name), None
-    probed = fit_to_budget(cfg, probe_settings())
+    probed, seen = fit_to_budget(cfg, probe_settings()), set()
+    confirmed = None
     for _ in range(len(BATCH_ROWS) + len(MODEL_ROWS)):
+        seen.add(_probed_as(probed))
         speed = measure(probed) * world_size
         log.info("speed probe: the %s model, batches of %s tokens: %s target tokens/s",
                  probed.model.name, f"{probed.data.max_tokens:,}", f"{speed:,.0f}")
         chosen = budget_settings(budget, epoch_tokens, speed, cfg.model.name)
         fitted = fit_to_budget(cfg, chosen)  # its model and batch (dropout aside)
-        if ((fitted.model.name, fitted.data.max_tokens)
-                == (probed.model.name, probed.data.max_tokens)):
+        if _probed_as(fitted) == _probed_as(probed):
+            if confirmed is None or _tokens(budget, *confirmed) < _tokens(budget, chosen, speed):
+                confirmed = chosen, speed
+            up = _one_row_up(budget, epoch_tokens, speed, cfg.model.name)
+            fitted = fit_to_budget(cfg, up) if up is not None else probed
+        if _probed_as(fitted) in seen:
             break
         probed = fitted
-    return chosen, speed
+    return confirmed or (chosen, speed)
+
+
+def _probed_as(cfg: TrainConfig) -> tuple[str, int | None]:
+    """What a probe's speed depends on: the model preset and the batch."""
+    return cfg.model.name, cfg.data.max_tokens
+
+
+def _tokens(budget: Budget, settings: BudgetSettings, speed: float) -> float:
+    """The target tokens `budget` allows at `settings`' batches and `speed`."""
+    return budget.expected_tokens(settings.update_tokens, speed) or 0.0
+
+
+def _one_row_up(budget: Budget, epoch_tokens: int, speed: float,
+                model: str) -> BudgetSettings | None:
+    """The settings a time budget would choose were it just fast enough to reach the next
+    `from_tokens` of `BATCH_ROWS` or `MODEL_ROWS` above what `speed` reaches (None: above
+    the last)."""
+    expected = _tokens(budget, budget_settings(budget, epoch_tokens, speed, model), speed)
+    above = [row.from_tokens for row in (*BATCH_ROWS, *MODEL_ROWS) if row.from_tokens > expected]
+    if not above or budget.max_time is None:
+        return None
+    return budget_settings(budget, epoch_tokens, min(above) / budget.max_time * 1.001, model)
