@@ -17,11 +17,17 @@ from transformer import hardware
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
-@pytest.mark.parametrize("vendor, library", [("GenuineIntel", "blas"),
-                                             ("AuthenticAMD", "onednn"), (None, "onednn")])
-def test_the_float32_library_follows_the_cpus_vendor(vendor, library, monkeypatch):
-    """MKL's BLAS on Intel's CPUs (its AVX-512 kernels run there only), oneDNN elsewhere."""
+@pytest.mark.parametrize("vendor, capability, library", [
+    ("GenuineIntel", "AVX512", "blas"), ("GenuineIntel", "AVX2", "blas"),
+    ("AuthenticAMD", "AVX512", "onednn"), ("AuthenticAMD", "AVX2", "blas"),
+    (None, "AVX512", "onednn"), (None, "DEFAULT", "onednn")])
+def test_the_float32_library_follows_the_cpus_vendor_and_vectors(vendor, capability, library,
+                                                                  monkeypatch):
+    """MKL's BLAS on Intel's CPUs (its AVX-512 kernels run there only) and on AVX2-only x86
+    CPUs (both libraries run AVX2 kernels there), oneDNN elsewhere."""
     monkeypatch.setattr(hardware, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)
     if torch.backends.mkldnn.is_available():
         assert hardware.float32_library() == library
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)

@@ -79,13 +79,16 @@ def cpu_has_native_bf16() -> bool:
 
 def float32_library() -> str:
     """Which library multiplies float32 inference products on this CPU: "blas" (MKL) on
-    Intel's CPUs, "onednn" elsewhere (on AMD's, MKL runs slower kernels), and "blas" where
-    PyTorch was built without oneDNN. CTranslate2 chooses between the two libraries by the
-    same rule."""
+    Intel's CPUs and on x86 CPUs whose widest vectors are AVX2's (both libraries then run
+    AVX2 kernels, MKL's with less cost a call), "onednn" elsewhere (on AMD's AVX-512 CPUs
+    MKL runs its AVX2 kernels, oneDNN AVX-512 ones), and "blas" where PyTorch was built
+    without oneDNN."""
     if not (torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return "blas"
-    return "blas" if cpu_vendor() == "GenuineIntel" else "onednn"
+    avx2_only = (torch.backends.mkl.is_available()
+                 and torch.backends.cpu.get_cpu_capability() == "AVX2")
+    return "blas" if cpu_vendor() == "GenuineIntel" or avx2_only else "onednn"
 
 
 # ---- threads ----------------------------------------------------------------------------
@@ -174,10 +177,12 @@ MEASURED = {
         _UNNAMED, f"{_TUNING} > Attention paths on a CPU"),
     "float32_library": Measured(
         "the library of float32 inference products: MKL's BLAS on Intel's CPUs (1.2-5x "
-        "faster than oneDNN at a decoding step's small products), oneDNN elsewhere (1.4-2.3x "
-        "faster than MKL on AMD's from 150 rows on); detected from the CPU's vendor",
-        "Intel Xeon (AMX), AMD EPYC Zen 4, Zen 5",
-        f"{_TUNING} > The float32 library by CPU vendor"),
+        "faster than oneDNN at a decoding step's small products) and on AVX2-only ones (one "
+        "line 1.4-1.8x, 1,000 lines 1.06-1.21x on a Zen 3), oneDNN elsewhere (1.4-2.3x "
+        "faster than MKL on AMD's AVX-512 CPUs from 150 rows on); detected from the CPU's "
+        "vendor and PyTorch's CPU capability",
+        "Intel Xeon (AMX), AMD EPYC Zen 3, Zen 4, Zen 5",
+        f"{_TUNING} > The float32 library by CPU vendor and vector width"),
     "transposed_weights": Measured(
         "whether a loaded translator keeps its float32 linear weights (out, in) as the "
         "transpose of an (in, out) matrix (`layers.transpose_linear_weights`): MKL multiplies "
