@@ -15,6 +15,7 @@ from transformer.decoding.corpus import search_corpus
 from transformer.decoding.request import DecodingRequest, Sampling
 from transformer.decoding.search import (
     DEFAULT_ALPHA,
+    Hypothesis,
     beam_search,
     length_penalty,
     max_output_lengths,
@@ -368,6 +369,17 @@ def test_topk_1_is_greedy_and_a_seed_repeats_its_draws(model):
             hyps[0].log_prob / length_penalty(len(hyps[0].tokens) + 1, DEFAULT_ALPHA))
 
 
+def same_hypotheses(a: list[list[Hypothesis]], b: list[list[Hypothesis]]) -> bool:
+    """The same n-best lists: tokens and constraints exactly, scores to float32 rounding."""
+    def exact(hyps):
+        return [[(h.tokens, h.constraints_met) for h in sentence] for sentence in hyps]
+
+    def scores(hyps):
+        return [x for sentence in hyps for h in sentence for x in (h.score, h.log_prob)]
+
+    return exact(a) == exact(b) and scores(a) == pytest.approx(scores(b), rel=1e-5)
+
+
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_outputs_begin_with_the_prefix(model, beam_size):
     sources = [list(range(4, 4 + n)) + [EOS_ID] for n in (3, 5, 2, 6)]
@@ -379,11 +391,12 @@ def test_outputs_begin_with_the_prefix(model, beam_size):
             assert h.tokens[:len(prefix)] == prefix
     # the last prefix is longer than the length limit (1.5 * 7 + 10): the limit makes room
     assert max_output_lengths(torch.tensor([7]), 1.5, 10, 64).item() < len(prefixes[-1])
-    # an empty prefix is no prefix
+    # an empty prefix is no prefix: the same hypotheses, their scores up to the last bits
+    # of products over other batches' rows (MKL picks its kernel by the rows)
     plain = search_corpus(model, sources, replace(settings, nbest=beam_size))
-    assert hyps[1] == plain[1]
-    assert search_corpus(model, sources, replace(settings, nbest=beam_size),
-                         prefixes=[[]] * len(sources)) == plain
+    assert same_hypotheses(hyps[1:2], plain[1:2])
+    assert same_hypotheses(search_corpus(model, sources, replace(settings, nbest=beam_size),
+                                         prefixes=[[]] * len(sources)), plain)
     # sampling honours prefixes too
     sampled = search_corpus(model, sources, DecodingRequest(beam_size=1, sampling=Sampling(seed=1)),
                             prefixes=prefixes)
