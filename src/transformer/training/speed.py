@@ -88,7 +88,8 @@ def settings_at_measured_speed(cfg: TrainConfig, epoch_tokens: int,
         if _probed_as(fitted) == _probed_as(probed):
             if confirmed is None or _tokens(budget, *confirmed) < _tokens(budget, chosen, speed):
                 confirmed = chosen, speed
-            up = _one_row_up(budget, epoch_tokens, speed, cfg.model.name)
+            up = _one_row_up(budget, epoch_tokens, _tokens(budget, chosen, speed),
+                             cfg.model.name)
             fitted = fit_to_budget(cfg, up) if up is not None else probed
         if _probed_as(fitted) in seen:
             break
@@ -106,13 +107,12 @@ def _tokens(budget: Budget, settings: BudgetSettings, speed: float) -> float:
     return budget.expected_tokens(settings.update_tokens, speed) or 0.0
 
 
-def _one_row_up(budget: Budget, epoch_tokens: int, speed: float,
+def _one_row_up(budget: Budget, epoch_tokens: int, expected: float,
                 model: str) -> BudgetSettings | None:
     """The settings a time budget would choose were it just fast enough to reach the next
-    `from_tokens` of `BATCH_ROWS` or `MODEL_ROWS` above what `speed` reaches (None: above
-    the last)."""
-    expected = _tokens(budget, budget_settings(budget, epoch_tokens, speed, model), speed)
+    `from_tokens` of `BATCH_ROWS` or `MODEL_ROWS` above the `expected` target tokens of the
+    choice made (None: above the last)."""
     above = [row.from_tokens for row in (*BATCH_ROWS, *MODEL_ROWS) if row.from_tokens > expected]
-    if not above or budget.max_time is None:
+    if not above:
         return None
     return budget_settings(budget, epoch_tokens, min(above) / budget.max_time * 1.001, model)
