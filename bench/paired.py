@@ -2,8 +2,8 @@
 passes in one process, for changes smaller than the machine's drift.
 
     python bench/paired.py --baseline-src DIR [--checkpoint CKPT] [--data-root DIR]
-                           [--join 4] [--threads 1] [--rounds 8] [--quantize int8]
-                           [--isa AVX2|AVX512]
+                           [--join 4] [--lines N] [--threads 1] [--rounds 8]
+                           [--quantize int8] [--isa AVX2|AVX512]
 
 `bench/engines.py --baseline-src` compares each row's best run in fresh processes; on a
 machine whose speed drifts by 10-25% within the hour, a change of a few percent shows only
@@ -14,7 +14,9 @@ from a copy in a temporary folder; a checkout of either layout of the package:
 `timing.package_name`), both load the same checkpoint, and the two translate the same
 inputs in turn, the order flipped every round. Printed: the median of the rounds' ratios
 (the baseline's time over ours: above 1x, ours is faster), every ratio, smallest first, and
-whether the outputs are the same.
+whether the outputs are the same. `--lines N`: a pass translates requests of N lines, one
+`translate` call each, as `bench/engines.py --lines` cuts them (`SIZE_LINES` lines a pass
+below that size: one line is 200 calls), instead of every input in one call.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from engines import add_input_arguments, inputs
+from engines import SIZE_LINES, add_input_arguments, inputs
 from timing import cpu_description, hold_to_isa, package_name, paired_passes, ratio_summary
 
 from transformer.decoding.translator import Translator
@@ -48,6 +50,9 @@ def parse_args() -> argparse.Namespace:
     add_input_arguments(parser)
     parser.add_argument("--baseline-src", metavar="DIR", required=True,
                         help="a checkout of the package (e.g. a git worktree), its src/ read")
+    parser.add_argument("--lines", type=int, default=None, metavar="N",
+                        help="requests of N lines, one call each (default: every input in "
+                             "one call)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--quantize", choices=["int8"], default=None)
@@ -59,6 +64,10 @@ def main() -> None:
     hold_to_isa(args.isa)
     torch.set_num_threads(args.threads)
     sources = inputs(args, "en")
+    size = args.lines or len(sources)
+    requests = [sources[i:i + size] for i in range(0, len(sources), size)]
+    requests = requests[:max(1, SIZE_LINES // size)]
+    sources = [line for request in requests for line in request]
     with tempfile.TemporaryDirectory() as folder:
         baseline = import_baseline(Path(args.baseline_src) / "src", Path(folder))
         options = {"quantize": args.quantize} if args.quantize else {}  # where asked only:
@@ -68,11 +77,13 @@ def main() -> None:
         for translator in translators.values():
             translator.translate(sources[:50])  # warm up
         seconds, outputs = paired_passes(
-            {name: lambda t=translator: t.translate(sources)
+            {name: lambda t=translator: [line for request in requests
+                                         for line in t.translate(request)]
              for name, translator in translators.items()}, args.rounds)
     same = sum(a == b for a, b in zip(outputs["ours"], outputs["baseline"], strict=True))
     print(cpu_description())
-    print(f"{len(sources)} inputs of {args.join} line(s), {args.threads} thread(s)"
+    calls = f" in {len(requests)} calls" if len(requests) > 1 else ""
+    print(f"{len(sources)} inputs of {args.join} line(s){calls}, {args.threads} thread(s)"
           f"{', int8' if args.quantize else ''}: ours {len(sources) / min(seconds['ours']):.1f}, "
           f"baseline {len(sources) / min(seconds['baseline']):.1f} sentences/s (best passes)")
     print(f"ours / baseline, paired: {ratio_summary(seconds['ours'], seconds['baseline'])}; "

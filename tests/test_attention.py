@@ -192,6 +192,32 @@ def test_fused_path_equals_explicit_path(kind, self_attention, tuning):
         torch.testing.assert_close(out_fused[0], mha.W_o.bias.expand(Q, d).detach())
 
 
+def test_few_queries_take_the_fused_kernel_in_cpu_inference_only(tuning):
+    """At most `fused_attention_max_queries` rows of queries (batch x heads x queries) take
+    the fused kernel over few keys in CPU inference (no weights returned), with the
+    explicit path's numbers; more rows, training (dropout on, or gradients) and kept
+    weights take the explicit path."""
+    torch.manual_seed(0)
+    dropout = nn.Dropout(0.1).eval()
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 7, 8), torch.randn(2, 4, 7, 8)
+    mask = torch.arange(7)[None, None, None, :] < torch.tensor([7, 4])[:, None, None, None]
+    explicit, weights = kernels.explicit_attention(q, k, v, mask, dropout)
+    tuning(fused_attention_max_queries=40)  # 2 x 4 x 5 queries: few
+    with torch.inference_mode():
+        fused, none = kernels.attend(q, k, v, mask, dropout)
+        assert none is None
+        torch.testing.assert_close(fused, explicit, rtol=1e-6, atol=1e-6)
+        out, kept = kernels.attend(q, k, v, mask, dropout, keep_weights=True)
+        assert torch.equal(kept, weights) and torch.equal(out, explicit)
+        tuning(fused_attention_max_queries=39)
+        assert torch.equal(kernels.attend(q, k, v, mask, dropout)[1], weights)
+    tuning(fused_attention_max_queries=40)
+    grad_q = q.clone().requires_grad_(True)
+    assert kernels.attend(grad_q, k, v, mask, dropout)[1] is not None  # gradients
+    with torch.inference_mode():
+        assert kernels.attend(q, k, v, mask, dropout.train())[1] is not None  # dropout
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_self_attention_projection_same_with_and_without_gradients(bias):
     """Training projects q, k, v with one matmul over the concatenated weights, decoding

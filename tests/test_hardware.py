@@ -94,12 +94,13 @@ def test_the_table_is_detected_once_with_what_depends_on_this_machine():
     detected = hardware.detect_tuning()
     assert detected == hardware.TUNING
     assert detected.float32_library == hardware.float32_library()
+    assert detected.fused_attention_max_queries == (120 if hardware.cpu_avx2_only() else 0)
     assert detected.int8_onednn == ("onednn" in torch.backends.quantized.supported_engines)
     assert detected.transposed_weights == (detected.float32_library == "blas"
                                            and torch.backends.mkl.is_available())
     defaults = hardware.Tuning()
-    same = {f.name for f in dataclasses.fields(defaults)} - {"float32_library", "int8_onednn",
-                                                            "transposed_weights"}
+    same = {f.name for f in dataclasses.fields(defaults)} - {
+        "float32_library", "int8_onednn", "transposed_weights", "fused_attention_max_queries"}
     assert all(getattr(detected, name) == getattr(defaults, name) for name in same)
 
 

@@ -189,9 +189,11 @@ def test_nbest_lists(model):
             assert h.score == pytest.approx(h.log_prob / length_penalty(len(h.tokens) + 1, alpha))
             assert len(h.tokens) <= limit
             assert not {PAD_ID, BOS_ID, EOS_ID} & set(h.tokens)
-    # The best hypothesis does not depend on how many are asked for.
+    # The best hypothesis does not depend on how many are asked for (its score up to the
+    # last bits: sentences searched longer for more hypotheses leave the others' steps
+    # fewer rows, and kernels are picked by their rows).
     best = beam_search(model, src, lens, DecodingRequest(beam_size=5, nbest=1, alpha=alpha))
-    assert [h[0] for h in best] == [h[0] for h in hyps]
+    assert same_hypotheses([h[:1] for h in best], [h[:1] for h in hyps])
 
 
 def test_length_limit_forces_eos():

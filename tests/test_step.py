@@ -108,6 +108,17 @@ def test_the_step_over_long_sources_and_few_keys(tuning):
         assert torch.equal(ours, book)
 
 
+@pytest.mark.parametrize("max_queries", [0, 1000], ids=["explicit", "fused"])
+def test_the_step_with_either_kernel_for_few_queries(max_queries, tuning):
+    """Whichever kernel `fused_attention_max_queries` gives a step's few queries (one
+    sentence's beams on AVX2-only CPUs: the fused one), the book's path takes the same:
+    still bit for bit."""
+    tuning(fused_attention_max_queries=max_queries)
+    model = make_model()
+    for ours, book in decode_both(model, *source([7, 4, 6])):
+        assert torch.equal(ours, book)
+
+
 def test_the_step_of_an_int8_model():
     model = quantize_int8(make_model())
     for ours, book in decode_both(model, *source([7, 4])):

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["cpu_info", "cpu_vendor", "cpu_has_amx", "cpu_has_native_bf16", "float32_library",
-           "set_threads", "threads_set_to", "threads_restored", "Tuning", "Measured",
-           "MEASURED", "TUNING", "detect_tuning"]
+__all__ = ["cpu_info", "cpu_vendor", "cpu_has_amx", "cpu_has_native_bf16", "cpu_avx2_only",
+           "float32_library", "set_threads", "threads_set_to", "threads_restored", "Tuning",
+           "Measured", "MEASURED", "TUNING", "detect_tuning"]
 
 
 # ---- the CPU ----------------------------------------------------------------------------
@@ -86,9 +86,15 @@ def float32_library() -> str:
     if not (torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return "blas"
-    avx2_only = (torch.backends.mkl.is_available()
-                 and torch.backends.cpu.get_cpu_capability() == "AVX2")
+    avx2_only = torch.backends.mkl.is_available() and cpu_avx2_only()
     return "blas" if cpu_vendor() == "GenuineIntel" or avx2_only else "onednn"
+
+
+def cpu_avx2_only() -> bool:
+    """Whether PyTorch's kernels run AVX2 code on this CPU and no wider (an x86 CPU without
+    AVX-512, or one held to AVX2 by ATEN_CPU_CAPABILITY): kernels' relative costs differ
+    there."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX2"
 
 
 # ---- threads ----------------------------------------------------------------------------
@@ -129,6 +135,7 @@ class Tuning:
     short_softmax_keys: int = 16
     small_bmm_products: int = 400
     fused_attention_min_keys: int = 48
+    fused_attention_max_queries: int = 0
     float32_library: str = "blas"
     transposed_weights: bool = False
     int8_onednn: bool = False
@@ -175,6 +182,13 @@ MEASURED = {
         "attention over fewer keys than this takes the explicit path on a CPU: the fused "
         "kernel loses to two bmm's there (16 keys 2.0x slower, 64 keys 0.9x)",
         _UNNAMED, f"{_TUNING} > Attention paths on a CPU"),
+    "fused_attention_max_queries": Measured(
+        "CPU inference over at most this many rows of queries (batch x heads x queries) takes "
+        "the fused kernel whatever its keys: on AVX2-only CPUs the explicit path's dozen "
+        "operators take 1.6-3.9x the fused kernel's one call at one sentence's decoding step "
+        "(20 rows), 0.8-1.3x at 160 (one line 1.12x); 0 elsewhere, where the explicit path "
+        "is the faster one; detected from PyTorch's CPU capability",
+        "AMD EPYC Zen 3 (AVX2)", f"{_TUNING} > Attention paths on a CPU"),
     "float32_library": Measured(
         "the library of float32 inference products: MKL's BLAS on Intel's CPUs (1.2-5x "
         "faster than oneDNN at a decoding step's small products) and on AVX2-only ones (one "
@@ -252,7 +266,8 @@ def detect_tuning() -> Tuning:
     """The table for this process: the measured constants, with what depends on the CPU
     and on PyTorch's build detected."""
     library = float32_library()
-    return Tuning(float32_library=library,
+    return Tuning(fused_attention_max_queries=120 if cpu_avx2_only() else 0,
+                  float32_library=library,
                   transposed_weights=library == "blas" and torch.backends.mkl.is_available(),
                   int8_onednn="onednn" in torch.backends.quantized.supported_engines)
 

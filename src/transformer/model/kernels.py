@@ -4,11 +4,13 @@ The book computes attention explicitly: scores = Q K^T / sqrt(d), masked, a soft
 dropout, times V (`explicit_attention`, which keeps the weights). PyTorch's fused
 `scaled_dot_product_attention` computes the same without keeping the weights, and faster,
 except on a CPU over few keys (`fused_attention`; fewer than the tuning table's
-`fused_attention_min_keys`: the explicit path there). CPU inference has two kernels of its
-own for the explicit path's small pieces: the softmax of rows shorter than
-`short_softmax_keys` from its definition, exp(x - max) / sum (`softmax`), and weights times
-values with fewer than `small_bmm_products` multiply-adds per matrix as a sum of products
-(`weighted_values`): PyTorch's generic operators are 3-7x and 1.7-4.8x slower there
+`fused_attention_min_keys`: the explicit path there, except in CPU inference over at most
+`fused_attention_max_queries` rows of queries, where the explicit path's operators cost
+more than the fused kernel's one call: a decoding step of one sentence's beams). CPU
+inference has two kernels of its own for the explicit path's small pieces: the softmax of
+rows shorter than `short_softmax_keys` from its definition, exp(x - max) / sum (`softmax`),
+and weights times values with fewer than `small_bmm_products` multiply-adds per matrix as a
+sum of products (`weighted_values`): PyTorch's generic operators are 3-7x and 1.7-4.8x slower there
 (decoding's first steps; `hardware.MEASURED` says where each was measured). Training on a
 CPU computes the softmax of short rows from its definition too, with its own backward pass
 (`_DefinedSoftmax`), and a bf16 softmax in float32: PyTorch's kernels took 3x and 2-3x as
@@ -35,7 +37,7 @@ __all__ = ["attend", "explicit_attention", "fused_attention", "masked_softmax", 
 def _inference_on_cpu(x: Tensor) -> bool:
     """Whether `x` is a float32 CPU tensor that no gradient flows through: the case of the
     CPU inference kernels."""
-    return (x.device.type == "cpu" and x.dtype == torch.float32
+    return (x.is_cpu and x.dtype == torch.float32
             and not (torch.is_grad_enabled() and x.requires_grad))
 
 
@@ -45,7 +47,7 @@ def softmax(scores: Tensor) -> Tensor:
     in place on one fresh tensor; with gradients by `_DefinedSoftmax`), and a bf16 row in
     float32, cast back: PyTorch's kernels are several times slower on short rows and on
     bf16 (forward and backward)."""
-    if scores.device.type != "cpu":
+    if not scores.is_cpu:
         return F.softmax(scores, dim=-1)
     short = scores.shape[-1] < hardware.TUNING.short_softmax_keys
     if _inference_on_cpu(scores):
@@ -138,16 +140,27 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropou
     return output.masked_fill(~has_key, 0.0)
 
 
+def _few_queries(q: Tensor, dropout: nn.Module) -> bool:
+    """Whether q (batch, heads, queries, head_dim) is CPU inference over at most the tuning
+    table's `fused_attention_max_queries` rows of queries (batch x heads x queries): a
+    decoding step of one or two sentences' beams, where the explicit path's dozen operators
+    cost more than the fused kernel's one call, whatever the keys."""
+    batch, heads, queries, _ = q.shape
+    return (batch * heads * queries <= hardware.TUNING.fused_attention_max_queries
+            and not dropout.training and _inference_on_cpu(q))
+
+
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: nn.Module, *,
            plain_causal: bool = False, keep_weights: bool = False
            ) -> tuple[Tensor, Tensor | None]:
     """Attention of q over k and v (the shapes of `explicit_attention`) by the kernel that
-    suits it: the explicit path where the weights are kept or the keys are few on a CPU,
-    else the fused kernel -> the output and the weights (None from the fused kernel).
-    `plain_causal`: `mask` is only the causal mask of as many queries as keys, which the
-    fused kernel builds itself."""
-    if keep_weights or (q.device.type == "cpu"
-                        and k.shape[2] < hardware.TUNING.fused_attention_min_keys):
+    suits it: the explicit path where the weights are kept or the keys are few on a CPU
+    (unless the queries are few too: `_few_queries`), else the fused kernel -> the output
+    and the weights (None from the fused kernel). `plain_causal`: `mask` is only the
+    causal mask of as many queries as keys, which the fused kernel builds itself."""
+    if keep_weights or (q.is_cpu
+                        and k.shape[2] < hardware.TUNING.fused_attention_min_keys
+                        and not _few_queries(q, dropout)):
         return explicit_attention(q, k, v, mask, dropout)
     dropout_p = dropout.p if dropout.training else 0.0
     return fused_attention(q, k, v, None if plain_causal else mask, dropout_p,
