@@ -16,7 +16,8 @@ inputs in turn, the order flipped every round. Printed: the median of the rounds
 (the baseline's time over ours: above 1x, ours is faster), every ratio, smallest first, and
 whether the outputs are the same. `--lines N`: a pass translates requests of N lines, one
 `translate` call each, as `bench/engines.py --lines` cuts them (`SIZE_LINES` lines a pass
-below that size: one line is 200 calls), instead of every input in one call.
+below that size: one line is 200 calls), instead of every input in one call; the two
+packages take each request in turn (`paired_requests`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,27 @@ def import_baseline(src: Path, folder: Path) -> type:
     shutil.copytree(src / "transformer", folder / BASELINE)
     sys.path.insert(0, str(folder))
     return package_name("decoding.translator", "Translator", package=BASELINE)
+
+
+def paired_requests(translators: dict, requests: list[list[str]], rounds: int
+                    ) -> tuple[dict[str, list[float]], dict[str, list[str]]]:
+    """Each translator's seconds for all `requests` in every round, and its outputs: the
+    translators take each request in turn, the order flipped from one request (and round)
+    to the next, so a pass of many small calls is paired call by call, not only pass by
+    pass."""
+    seconds = {name: [0.0] * rounds for name in translators}
+    outputs: dict[str, list[str]] = {name: [] for name in translators}
+    for r in range(rounds):
+        outputs = {name: [] for name in translators}
+        for i, request in enumerate(requests):
+            names = list(translators)[::-1] if (r + i) % 2 else list(translators)
+            taken, texts = paired_passes(
+                {name: lambda t=translators[name], lines=request: t.translate(lines)
+                 for name in names}, 1)
+            for name in names:
+                seconds[name][r] += taken[name][0]
+                outputs[name] += texts[name]
+    return seconds, outputs
 
 
 def parse_args() -> argparse.Namespace:
@@ -76,10 +98,7 @@ def main() -> None:
                        for name, cls in (("ours", Translator), ("baseline", baseline))}
         for translator in translators.values():
             translator.translate(sources[:50])  # warm up
-        seconds, outputs = paired_passes(
-            {name: lambda t=translator: [line for request in requests
-                                         for line in t.translate(request)]
-             for name, translator in translators.items()}, args.rounds)
+        seconds, outputs = paired_requests(translators, requests, args.rounds)
     same = sum(a == b for a, b in zip(outputs["ours"], outputs["baseline"], strict=True))
     print(cpu_description())
     calls = f" in {len(requests)} calls" if len(requests) > 1 else ""

@@ -186,7 +186,7 @@ MEASURED = {
         "CPU inference over at most this many rows of queries (batch x heads x queries) takes "
         "the fused kernel whatever its keys: on AVX2-only CPUs the explicit path's dozen "
         "operators take 1.6-3.9x the fused kernel's one call at one sentence's decoding step "
-        "(20 rows), 0.8-1.3x at 160 (one line 1.12x); 0 elsewhere, where the explicit path "
+        "(20 rows), 0.8-1.3x at 160 (one line 1.16x); 0 elsewhere, where the explicit path "
         "is the faster one; detected from PyTorch's CPU capability",
         "AMD EPYC Zen 3 (AVX2)", f"{_TUNING} > Attention paths on a CPU"),
     "float32_library": Measured(
