@@ -6,7 +6,7 @@ dropout, times V (`explicit_attention`, which keeps the weights). PyTorch's fuse
 except on a CPU over few keys (`fused_attention`; fewer than the tuning table's
 `fused_attention_min_keys`: the explicit path there, except in CPU inference over at most
 `fused_attention_max_queries` rows of queries, where the explicit path's operators cost
-more than the fused kernel's one call: a decoding step of one sentence's beams). CPU
+more than the fused kernel's one call: a decoding step of a few sentences' beams). CPU
 inference has two kernels of its own for the explicit path's small pieces: the softmax of
 rows shorter than `short_softmax_keys` from its definition, exp(x - max) / sum (`softmax`),
 and weights times values with fewer than `small_bmm_products` multiply-adds per matrix as a
@@ -143,8 +143,8 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropou
 def _few_queries(q: Tensor, dropout: nn.Module) -> bool:
     """Whether q (batch, heads, queries, head_dim) is CPU inference over at most the tuning
     table's `fused_attention_max_queries` rows of queries (batch x heads x queries): a
-    decoding step of one or two sentences' beams, where the explicit path's dozen operators
-    cost more than the fused kernel's one call, whatever the keys."""
+    decoding step of a few sentences' beams, where the explicit path's dozen operators cost
+    more than the fused kernel's one call, whatever the keys."""
     batch, heads, queries, _ = q.shape
     return (batch * heads * queries <= hardware.TUNING.fused_attention_max_queries
             and not dropout.training and _inference_on_cpu(q))
