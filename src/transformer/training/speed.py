@@ -86,10 +86,10 @@ def settings_at_measured_speed(cfg: TrainConfig, epoch_tokens: int,
         chosen = budget_settings(budget, epoch_tokens, speed, cfg.model.name)
         fitted = fit_to_budget(cfg, chosen)  # its model and batch (dropout aside)
         if _probed_as(fitted) == _probed_as(probed):
-            if confirmed is None or _tokens(budget, *confirmed) < _tokens(budget, chosen, speed):
+            tokens = _tokens(budget, chosen, speed)
+            if confirmed is None or _tokens(budget, *confirmed) < tokens:
                 confirmed = chosen, speed
-            up = _one_row_up(budget, epoch_tokens, _tokens(budget, chosen, speed),
-                             cfg.model.name)
+            up = _one_row_up(budget, epoch_tokens, tokens, cfg.model.name)
             fitted = fit_to_budget(cfg, up) if up is not None else probed
         if _probed_as(fitted) in seen:
             break
