@@ -10,7 +10,7 @@ from transformer.model.cache import BufferPool, StepCache
 from transformer.model.int8 import quantize_int8
 from transformer.model.layers import transpose_linear_weights
 from transformer.model.step import DecoderState
-from transformer.model.transformer import ModelConfig, Transformer
+from transformer.model.transformer import ModelConfig, PositionalEncoding, Transformer
 
 BEAM = 3
 
@@ -117,6 +117,34 @@ def test_the_step_with_either_kernel_for_few_queries(max_queries, tuning):
     model = make_model()
     for ours, book in decode_both(model, *source([7, 4, 6])):
         assert torch.equal(ours, book)
+
+
+def test_the_step_with_positions_of_another_kind():
+    """Positions other than the book's sinusoidal ones (here a subclass that shifts them)
+    reach the step through their module's `forward`: still bit for bit."""
+
+    class Shifted(PositionalEncoding):
+        def forward(self, X, offset=0):
+            return super().forward(X, offset + 1)
+
+    model = make_model()
+    model.decoder.pos_encoding.__class__ = Shifted
+    shifted = decode_both(model, *source([6, 5]))
+    for ours, book in shifted:
+        assert torch.equal(ours, book)
+    unshifted, _ = decode_both(make_model(), *source([6, 5]))[-1]
+    assert not torch.equal(shifted[-1][0], unshifted)
+
+
+def test_a_step_past_the_models_positions_says_so():
+    model = make_model(max_positions=4)
+    src, lens = source([3])
+    with torch.inference_mode():
+        state = DecoderState(model.decoder, model.encode(src, lens), lens, 1, 6)
+        for _ in range(4):
+            state(torch.tensor([5]))
+        with pytest.raises(ValueError, match="5 positions exceeds model.max_positions=4"):
+            state(torch.tensor([5]))
 
 
 def test_the_step_of_an_int8_model():

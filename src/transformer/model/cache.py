@@ -236,11 +236,11 @@ class StepCache:
         t = self.length
         out = _prefix(self._buffers[1], (2, rows, heads, t + 1, head_dim))
         if self._current is not None:
-            _gather(self._current, self._kept, out[:, :, :, :t], dim=1)
-        out[:, :, :, t] = kv
+            _gather(self._current, self._kept, out.narrow(3, 0, t), dim=1)
+        out.select(3, t).copy_(kv)
         self._buffers.reverse()
         self._current, self._kept, self.length = out, None, t + 1
-        return out[0], out[1]
+        return out.unbind()
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows `index` (the surviving beams, in their new order), gathered at the next

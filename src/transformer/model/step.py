@@ -12,6 +12,9 @@ same, bit for bit (the tests compare the two), in fewer:
   of the new step, for keys and values together;
 - the encoder-decoder keys and values are projected once, when the search starts, and the
   source's padding mask is made once (None where no source is padded);
+- a step's embeddings are the embedding's rows gathered along its contiguous axis (a tied
+  weight stored transposed, `layers.transpose_linear_weights`, holds each row's values
+  8,000 floats apart), scaled and given their position's row, without the modules' calls;
 - W_q, W_k and W_v of self-attention are one product where all three are float `Linear`s
   (their weights joined when the search starts);
 - each layer is called through its `forward`, without `nn.Module`'s call machinery.
@@ -35,6 +38,7 @@ from .blocks import DecoderBlock, LayerCache
 from .cache import StepCache
 from .layers import Linear, linear
 from .masks import key_padding_mask
+from .transformer import PositionalEncoding
 
 if TYPE_CHECKING:
     from .transformer import TransformerDecoder
@@ -94,6 +98,43 @@ def _direct(module: nn.Module) -> Callable[[Tensor], Tensor]:
     return module.forward
 
 
+def _embedding_rows(embedding: nn.Module) -> Callable[[Tensor], Tensor] | None:
+    """`embedding(tokens)` for tokens (rows,) -> (rows, d) by one `index_select` along the
+    weight's contiguous axis: a weight stored transposed (d, V) gives a strided (rows, d)
+    view of the same values. None unless `embedding` is a plain `nn.Embedding` (no
+    `max_norm`, which rewrites the weight as it reads it)."""
+    if type(embedding) is not nn.Embedding or embedding.max_norm is not None:
+        return None
+    weight = embedding.weight  # (V, d)
+    if weight.t().is_contiguous() and not weight.is_contiguous():
+        return lambda tokens: weight.t().index_select(1, tokens).t()  # (d, rows) -> (rows, d)
+    return lambda tokens: weight.index_select(0, tokens)
+
+
+def _step_inputs(decoder: TransformerDecoder) -> Callable[[Tensor, int], Tensor]:
+    """What the decoder's embedding and positions give a step: `inputs(tokens, position)`,
+    tokens (rows,) -> embedding(tokens) * sqrt(d) + P[position], (rows, d) (the positions'
+    dropout is off in decoding). With a plain embedding (`_embedding_rows`) and sinusoidal
+    positions: the rows gathered, scaled into a fresh contiguous tensor and the position's
+    row added in place, the same operations on the same values as the modules' (one
+    position's row, read once per search); else the modules' `forward`s."""
+    rows_of, positions = _embedding_rows(decoder.embedding), decoder.pos_encoding
+    scale = math.sqrt(decoder.num_hiddens)
+    if rows_of is None or type(positions) is not PositionalEncoding:
+        return lambda tokens, position: positions.forward(
+            decoder.embedding.forward(tokens[:, None]) * scale, position)[:, 0]
+    P = positions.P[0].to(decoder.embedding.weight.dtype)  # (max_len, d)
+
+    def inputs(tokens: Tensor, position: int) -> Tensor:
+        E = rows_of(tokens)  # (rows, d)
+        X = torch.mul(E, scale, out=E.new_empty(E.shape))  # contiguous, whatever E's layout
+        if position >= len(P):  # past the model's positions: PositionalEncoding says so
+            return positions.forward(X[:, None], position)[:, 0]
+        return X.add_(P[position])
+
+    return inputs
+
+
 def _memory(attention: MultiHeadAttention, enc_outputs: Tensor) -> tuple[Tensor, Tensor]:
     """The keys and values of encoder-decoder attention over `enc_outputs` (batch, src_len,
     d) -> each (batch, heads, src_len, head_dim), contiguous: what its static `KVCache`
@@ -141,12 +182,13 @@ class _BlockStep:
         rows, h = X.shape[0], self.heads1
         if self.qkv is not None:
             qkv = self.qkv(X).view(rows, 3, h, -1)
-            q, kv = qkv[:, 0], qkv[:, 1:].transpose(0, 1)  # (rows, h, hd), (2, rows, h, hd)
+            q = qkv.select(1, 0)  # (rows, h, head_dim)
+            kv = qkv.narrow(1, 1, 2).transpose(0, 1)  # (2, rows, h, head_dim)
         else:
             q = self.W_q1(X).view(rows, h, -1)
             kv = torch.stack([W(X).view(rows, h, -1) for W in (self.W_k1, self.W_v1)])
         keys, values = cache.append(kv)  # each (rows, h, steps, head_dim)
-        q = q[:, :, None]  # (rows, h, 1, head_dim)
+        q = q.unsqueeze(2)  # (rows, h, 1, head_dim)
         output, _ = kernels.attend(q, keys, values, None, self.dropout1)
         return self.W_o1(output.reshape(rows, -1))  # (rows, h * head_dim)
 
@@ -192,9 +234,7 @@ class DecoderState:
         self.blocks = [_BlockStep(block) for block in decoder.blks]
         self.caches = [StepCache(max_rows, max_steps) for _ in decoder.blks]
         self.memory = [_memory(block.attention2, enc_outputs) for block in decoder.blks]
-        self._embedding, self._positions, self._final_ln = (
-            decoder.embedding.forward, decoder.pos_encoding.forward, _direct(decoder.final_ln))
-        self._scale = math.sqrt(decoder.num_hiddens)
+        self._inputs, self._final_ln = _step_inputs(decoder), _direct(decoder.final_ln)
 
     def __call__(self, tokens: Tensor) -> Tensor:
         """The newest token of each row (rows,) -> the decoder's output after it (rows,
@@ -204,8 +244,7 @@ class DecoderState:
                              self._layer_caches)[:, 0]
             self.length += 1
             return X
-        X = self._positions(self._embedding(tokens[:, None]) * self._scale,
-                            self.length)[:, 0]  # (rows, num_hiddens)
+        X = self._inputs(tokens, self.length)  # (rows, num_hiddens)
         for block, cache, memory in zip(self.blocks, self.caches, self.memory, strict=True):
             X = block(X, cache, memory, self.memory_mask)
         self.length += 1
