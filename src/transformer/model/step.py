@@ -13,8 +13,8 @@ same, bit for bit (the tests compare the two), in fewer:
 - the encoder-decoder keys and values are projected once, when the search starts, and the
   source's padding mask is made once (None where no source is padded);
 - a step's embeddings are the embedding's rows gathered along its contiguous axis (a tied
-  weight stored transposed, `layers.transpose_linear_weights`, holds each row's values
-  8,000 floats apart), scaled and given their position's row, without the modules' calls;
+  weight stored transposed, `layers.transpose_linear_weights`, holds a row's values a
+  vocabulary apart), scaled and given their position's row, without the modules' calls;
 - W_q, W_k and W_v of self-attention are one product where all three are float `Linear`s
   (their weights joined when the search starts);
 - each layer is called through its `forward`, without `nn.Module`'s call machinery.
