@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -189,6 +190,48 @@ def test_batcher_puts_waiting_requests_into_one_call_in_order(translator):
     engine.calls.clear()
     asyncio.run(run(BatchLimits(max_wait_s=0.05, max_tokens=10), tokens=6))
     assert engine.calls == [lines for lines, _ in requests]  # 6 + 6 > 10: one request a batch
+
+
+class GatedEngine(OtherEngine):
+    """`OtherEngine` whose first call waits until the test opens `gate`, telling it by
+    `entered` that the call has begun."""
+
+    def __init__(self, translator: Translator):
+        super().__init__(translator)
+        self.entered, self.gate = threading.Event(), threading.Event()
+
+    def translations(self, lines, request=None, **options):
+        if not self.entered.is_set():
+            self.entered.set()
+            self.gate.wait()
+        return super().translations(lines, request, **options)
+
+
+def test_batcher_waits_for_more_under_load_only(translator):
+    """A lone request at an idle server is translated at once, whatever `max_wait_s` (here
+    an hour: had the batcher waited for others, the engine would not have been called
+    within a minute); a request that arrives while a batch is translated waits for others,
+    until the token budget is full."""
+    engine = GatedEngine(translator)
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(1) as executor:
+            batcher = Batcher(engine, executor, BatchLimits(max_wait_s=3600, max_tokens=10))
+            batcher.start()
+            request = DecodingRequest(beam_size=2)
+            first = asyncio.ensure_future(batcher.translate(["A man."], None, request, 5))
+            assert await loop.run_in_executor(None, engine.entered.wait, 60)  # "A man." alone
+            second = asyncio.ensure_future(batcher.translate(["A dog."], None, request, 5))
+            await asyncio.sleep(0)  # queued while the model is busy
+            engine.gate.set()
+            await asyncio.wait_for(first, 60)
+            third = asyncio.ensure_future(batcher.translate(["Two cats."], None, request, 5))
+            await asyncio.wait_for(asyncio.gather(second, third), 60)  # 5 + 5 fill the budget
+            await batcher.stop()
+
+    asyncio.run(run())
+    assert engine.calls == [["A man."], ["A dog.", "Two cats."]]
 
 
 # ---- attention ------------------------------------------------------------------------------

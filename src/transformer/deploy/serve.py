@@ -25,10 +25,12 @@ Endpoints (errors are `{"error": "...", "field": "..."}` with a 4xx/5xx status):
   (`static/`: plain HTML, JS and CSS, nothing fetched from outside).
 
 Requests arriving together are translated together: `Batcher` queues them, and one worker
-takes the first waiting request plus whatever arrives within `max_wait_s`, up to `max_tokens`
-source tokens, translates them in one `translate` call on the model thread, and hands each
-request its own slice of the results. The model runs on one thread (`ThreadPoolExecutor` of
-one worker), so `/translate` batches and `/attention` never use it at the same time.
+takes the first waiting request plus every one waiting with it, and under load whatever
+arrives within `max_wait_s`, up to `max_tokens` source tokens, translates them in one
+`translate` call on the model thread, and hands each request its own slice of the results.
+A lone request at an idle server is translated at once. The model runs on one thread
+(`ThreadPoolExecutor` of one worker), so `/translate` batches and `/attention` never use it
+at the same time.
 
 Input is checked before anything reaches the model: the body's size, strict UTF-8, JSON,
 the field types (pydantic, strict, no unknown fields: a request cannot name a file or a
@@ -198,9 +200,10 @@ def source_tokens(translator: BaseTranslator, lines: Sequence[str]) -> list[int]
 
 @dataclass(frozen=True)
 class BatchLimits:
-    """How the batcher groups requests: it waits at most `max_wait_s` after the first one for
-    others, takes at most `max_tokens` source tokens per batch (a bigger request goes alone),
-    and keeps at most `max_queue` requests waiting (more get 503)."""
+    """How the batcher groups requests: under load it waits at most `max_wait_s` after the
+    first one for others (`Batcher._gather`), takes at most `max_tokens` source tokens per
+    batch (a bigger request goes alone), and keeps at most `max_queue` requests waiting
+    (more get 503)."""
 
     max_wait_s: float = 0.005
     max_tokens: int = 2048
@@ -241,6 +244,7 @@ class Batcher:
         self.stats = BatchStats()
         self._queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=limits.max_queue)
         self._held: deque[_Job] = deque()  # taken from the queue, left for a later batch
+        self._last_batch = 0  # requests in the batch before
         self._worker: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -290,8 +294,12 @@ class Batcher:
                 _settle(job, result=result)
 
     async def _gather(self) -> list[_Job]:
-        """The next batch: the oldest job, then held-back and newly arriving jobs with the same
-        options while the token budget lasts, waiting at most `max_wait_s` for more."""
+        """The next batch: the oldest job, then held-back and waiting jobs with the same
+        options while the token budget lasts. Under load (the oldest job was already waiting
+        when the worker came for it, or the batch before held several requests) it also waits
+        at most `max_wait_s` for more to arrive; a lone request at an idle server goes at
+        once, without that wait."""
+        loaded = bool(self._held) or not self._queue.empty() or self._last_batch > 1
         first = self._held.popleft() if self._held else await self._queue.get()
         batch, tokens = [first], first.tokens
         for job in list(self._held):
@@ -299,7 +307,7 @@ class Batcher:
                 self._held.remove(job)
                 batch.append(job)
                 tokens += job.tokens
-        deadline = asyncio.get_running_loop().time() + self.limits.max_wait_s
+        deadline = asyncio.get_running_loop().time() + (self.limits.max_wait_s if loaded else 0.0)
         while tokens < self.limits.max_tokens:
             job = await self._next_job(deadline)
             if job is None:
@@ -311,6 +319,7 @@ class Batcher:
                 continue
             batch.append(job)
             tokens += job.tokens
+        self._last_batch = len(batch)
         return batch
 
     async def _next_job(self, deadline: float) -> _Job | None:
