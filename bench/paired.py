@@ -55,7 +55,6 @@ def paired_requests(translators: dict, requests: list[list[str]], rounds: int
     seconds = {name: [0.0] * rounds for name in translators}
     outputs: dict[str, list[str]] = {name: [] for name in translators}
     for r in range(rounds):
-        outputs = {name: [] for name in translators}
         for i, request in enumerate(requests):
             names = list(translators)[::-1] if (r + i) % 2 else list(translators)
             taken, texts = paired_passes(
@@ -63,7 +62,8 @@ def paired_requests(translators: dict, requests: list[list[str]], rounds: int
                  for name in names}, 1)
             for name in names:
                 seconds[name][r] += taken[name][0]
-                outputs[name] += texts[name]
+                if r == 0:  # every round translates the same requests alike
+                    outputs[name] += texts[name]
     return seconds, outputs
 
 
