@@ -11,7 +11,10 @@ The shapes default to Transformer-Tiny's decoder (d 128, FFN 256, W_q/W_k/W_v jo
 and its output projection (8,000 pieces); a decoding step multiplies beam x sentences rows.
 Printed per shape and row count: the two layouts' medians over `--rounds` paired rounds,
 their ratio (above 1x, the transposed one is faster) and "same" or "differs" (any bit, over
-three random inputs). Each call runs in a loop of ~20M multiply-adds so one timing is not
+three random inputs); then oneDNN's operator with the transposed weight (what `layers.linear`
+calls for the rows of `float32_onednn_rows` in the tuning table), its median, the
+transposed product's time over it (above 1x, oneDNN is faster) and whether its bits are the
+transposed product's. Each call runs in a loop of ~20M multiply-adds so one timing is not
 one call's noise.
 """
 
@@ -37,31 +40,46 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def same_numbers(weight: torch.Tensor, transposed: torch.Tensor, bias: torch.Tensor,
-                 rows: int) -> bool:
-    """Whether both layouts give every output bit for bit, over three random inputs."""
-    return all(torch.equal(F.linear(x, weight, bias), F.linear(x, transposed, bias))
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The product through oneDNN's operator, as `layers.linear` calls it."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def same_numbers(product, weight: torch.Tensor, transposed: torch.Tensor, bias: torch.Tensor,
+                 rows: int) -> str:
+    """"same" where `product(x, transposed, bias)` gives `F.linear(x, weight, bias)`'s every
+    output bit for bit, over three random inputs; "differs" where not."""
+    same = all(torch.equal(F.linear(x, weight, bias), product(x, transposed, bias))
                for x in torch.randn(3, rows, weight.shape[1]))
+    return "same" if same else "differs"
 
 
 def compare(d_in: int, d_out: int, rows: int, rounds: int) -> str:
-    """One row of the table: both layouts' median microseconds a call, their ratio, same?"""
+    """One row of the table: both layouts' median microseconds a call, their ratio, same?;
+    then oneDNN's with the transposed weight, the transposed product's time over it, same?"""
     weight, bias = torch.randn(d_out, d_in) / d_in ** 0.5, torch.randn(d_out)
     transposed = weight.t().contiguous().t()  # the same (out, in) values, (in, out) in memory
     x = torch.randn(rows, d_in)
     calls = max(3, 20_000_000 // (rows * d_in * d_out))
 
-    def loop(w: torch.Tensor):
+    def loop(product, w: torch.Tensor):
         def calls_of_w() -> None:  # each output freed before the next call, as in a step
             for _ in range(calls):
-                F.linear(x, w, bias)
+                product(x, w, bias)
         return calls_of_w
 
-    seconds, _ = paired_passes({"usual": loop(weight), "transposed": loop(transposed)}, rounds)
-    usual, ours = (statistics.median(seconds[k]) / calls * 1e6 for k in ("usual", "transposed"))
-    same = "same" if same_numbers(weight, transposed, bias, rows) else "differs"
-    return (f"{d_in:>5} x {d_out:<6} {rows:>6} {usual:>10.1f} {ours:>12.1f} "
-            f"{usual / ours:>7.2f}x  {same}")
+    arms = {"usual": loop(F.linear, weight), "transposed": loop(F.linear, transposed)}
+    if torch.backends.mkldnn.is_available():
+        arms["onednn"] = loop(onednn_linear, transposed)
+    seconds, _ = paired_passes(arms, rounds)
+    us = {k: statistics.median(seconds[k]) / calls * 1e6 for k in arms}
+    line = (f"{d_in:>5} x {d_out:<6} {rows:>6} {us['usual']:>10.1f} {us['transposed']:>12.1f} "
+            f"{us['usual'] / us['transposed']:>7.2f}x  "
+            f"{same_numbers(F.linear, weight, transposed, bias, rows):<8}")
+    if "onednn" in us:
+        line += (f"{us['onednn']:>10.1f} {us['transposed'] / us['onednn']:>7.2f}x  "
+                 f"{same_numbers(onednn_linear, transposed, transposed, bias, rows)}")
+    return line
 
 
 def main() -> None:
@@ -71,7 +89,8 @@ def main() -> None:
     torch.manual_seed(0)
     print(f"torch {torch.__version__}; {args.threads} thread(s); median of {args.rounds} rounds")
     print(cpu_description())
-    print(f"{'weight':>14} {'rows':>6} {'usual us':>10} {'transposed us':>12} {'ratio':>8}  bits")
+    print(f"{'weight':>14} {'rows':>6} {'usual us':>10} {'transposed us':>12} {'ratio':>8}  "
+          f"{'bits':<8}{'oneDNN us':>10} {'ratio':>8}  bits")
     with torch.inference_mode():
         for shape in args.shapes:
             d_in, d_out = (int(n) for n in shape.lower().split("x"))

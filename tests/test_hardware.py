@@ -34,6 +34,23 @@ def test_the_float32_library_follows_the_cpus_vendor_and_vectors(vendor, capabil
     assert hardware.float32_library() == "blas"  # PyTorch built without oneDNN
 
 
+@pytest.mark.parametrize("vendor, capability, rows", [
+    ("GenuineIntel", "AVX512", range(0)), ("GenuineIntel", "AVX2", range(0)),
+    ("AuthenticAMD", "AVX512", range(0)), ("AuthenticAMD", "AVX2", range(4, 49))])
+def test_the_output_projections_few_rows_take_onednn_where_mkls_kernels_are_slow(
+        vendor, capability, rows, monkeypatch):
+    """Where MKL's BLAS multiplies float32 on a CPU not Intel's (an AVX2-only AMD CPU), a
+    wide product's 4-64 rows go to oneDNN; nowhere else (oneDNN takes every product where it
+    is the library), and nowhere in a build without oneDNN."""
+    monkeypatch.setattr(hardware, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)
+    if torch.backends.mkldnn.is_available():
+        assert hardware.float32_onednn_rows(hardware.float32_library()) == rows
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert hardware.float32_onednn_rows(hardware.float32_library()) == range(0)
+
+
 def test_cpu_info_reads_the_first_processors_field_by_its_whole_name(tmp_path):
     """/proc/cpuinfo lists "model" before "model name": each is found by its own name, in
     the first processor's block only; a missing field or file is None."""
@@ -98,9 +115,12 @@ def test_the_table_is_detected_once_with_what_depends_on_this_machine():
     assert detected.int8_onednn == ("onednn" in torch.backends.quantized.supported_engines)
     assert detected.transposed_weights == (detected.float32_library == "blas"
                                            and torch.backends.mkl.is_available())
+    assert detected.float32_onednn_rows == hardware.float32_onednn_rows(
+        detected.float32_library)
     defaults = hardware.Tuning()
     same = {f.name for f in dataclasses.fields(defaults)} - {
-        "float32_library", "int8_onednn", "transposed_weights", "fused_attention_max_queries"}
+        "float32_library", "int8_onednn", "transposed_weights", "fused_attention_max_queries",
+        "float32_onednn_rows"}
     assert all(getattr(detected, name) == getattr(defaults, name) for name in same)
 
 

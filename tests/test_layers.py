@@ -14,6 +14,7 @@ from transformer.model.layers import (
     Linear,
     default_chunk_rows,
     linear_label_smoothed_cross_entropy,
+    may_take_onednn,
     random_bytes,
     transpose_linear_weights,
 )
@@ -43,6 +44,38 @@ def test_linear_multiplies_float32_inference_through_the_library_chosen(library,
     trained = layer(x)
     assert trained.requires_grad and torch.equal(trained, F.linear(x, layer.weight, layer.bias))
     assert "mkldnn::_linear_pointwise" not in operators(lambda: layer(x))
+
+
+def test_linear_sends_a_wide_products_few_rows_to_onednn_where_the_table_says(tuning):
+    """Where MKL's BLAS is the float32 library, `linear` multiplies through oneDNN a product
+    with at least `float32_onednn_min_outputs` outputs whose rows (the leading dimensions
+    together) are in `float32_onednn_rows`, and nothing else: narrower products, other row
+    counts and products with gradients take `F.linear`; oneDNN's results equal it within
+    float32 rounding, with the weight in either layout. The decoding step binds `F.linear`
+    for the weights that never go to oneDNN (`may_take_onednn`)."""
+    tuning(float32_library="blas", float32_onednn_min_outputs=96,
+           float32_onednn_rows=range(4, 9))
+    torch.manual_seed(0)
+    wide, narrow = Linear(64, 96), Linear(64, 95)
+    transposed = Linear(64, 96)
+    transposed.weight.data = wide.weight.data.t().contiguous().t()
+    transposed.bias.data = wide.bias.data.clone()
+    assert may_take_onednn(wide.weight) and not may_take_onednn(narrow.weight)
+    for shape, onednn in [((3, 64), False), ((4, 64), True), ((2, 4, 64), True),
+                          ((8, 64), True), ((9, 64), False), ((3, 3, 64), False)]:
+        x = torch.randn(shape)
+        for layer, wide_layer in ((wide, True), (transposed, True), (narrow, False)):
+            with torch.no_grad():
+                out = layer(x)
+                names = operators(lambda layer=layer, x=x: layer(x))
+            assert ("mkldnn::_linear_pointwise" in names) == (onednn and wide_layer), shape
+            torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias),
+                                       rtol=1e-5, atol=1e-5)
+        assert "mkldnn::_linear_pointwise" not in operators(lambda x=x: wide(x))  # gradients
+    tuning(float32_onednn_rows=range(0))
+    assert not may_take_onednn(wide.weight)
+    tuning(float32_library="onednn")
+    assert may_take_onednn(narrow.weight)
 
 
 def test_transposed_weights_keep_the_parameters_and_what_the_model_computes(tuning):

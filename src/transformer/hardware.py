@@ -3,7 +3,8 @@ kernel or a size on it: the package's one place of hardware knowledge.
 
 - **The CPU**: `cpu_info` (a field of /proc/cpuinfo's first processor), `cpu_vendor`,
   `cpu_has_amx`, `cpu_has_native_bf16` (AVX512-BF16 or AMX: bf16 autocast pays there),
-  `float32_library` (whose matrix products are faster here: MKL's BLAS or oneDNN).
+  `float32_library` (whose matrix products are faster here: MKL's BLAS or oneDNN),
+  `float32_onednn_rows` (the output projection's rows oneDNN multiplies faster than MKL).
 - **Threads**: `set_threads`, the one call of `torch.set_num_threads` in the package;
   `threads_set_to` and `threads_restored` set them for a block and restore them after it.
 - **The tuning table**: `TUNING`, one frozen `Tuning` of every constant a measurement chose
@@ -25,8 +26,8 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["cpu_info", "cpu_vendor", "cpu_has_amx", "cpu_has_native_bf16", "cpu_avx2_only",
-           "float32_library", "set_threads", "threads_set_to", "threads_restored", "Tuning",
-           "Measured", "MEASURED", "TUNING", "detect_tuning"]
+           "float32_library", "float32_onednn_rows", "set_threads", "threads_set_to",
+           "threads_restored", "Tuning", "Measured", "MEASURED", "TUNING", "detect_tuning"]
 
 
 # ---- the CPU ----------------------------------------------------------------------------
@@ -83,11 +84,27 @@ def float32_library() -> str:
     AVX2 kernels, MKL's with less cost a call), "onednn" elsewhere (on AMD's AVX-512 CPUs
     MKL runs its AVX2 kernels, oneDNN AVX-512 ones), and "blas" where PyTorch was built
     without oneDNN."""
-    if not (torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+    if not _has_onednn_linear():
         return "blas"
     avx2_only = torch.backends.mkl.is_available() and cpu_avx2_only()
     return "blas" if cpu_vendor() == "GenuineIntel" or avx2_only else "onednn"
+
+
+def _has_onednn_linear() -> bool:
+    """Whether PyTorch's build multiplies float32 through oneDNN's linear operator."""
+    return (torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def float32_onednn_rows(library: str) -> range:
+    """The rows of a wide float32 product that oneDNN multiplies faster than `library`:
+    where MKL's BLAS is the library on a CPU not Intel's (an AVX2-only AMD CPU), MKL's
+    kernels for a few rows are slow, and oneDNN's, with the weights stored transposed, are
+    faster from 4 rows to a few dozen (at 1-3 rows their sums differ from MKL's in the last
+    bits); none elsewhere."""
+    if library == "blas" and cpu_vendor() != "GenuineIntel" and _has_onednn_linear():
+        return range(4, 49)
+    return range(0)
 
 
 def cpu_avx2_only() -> bool:
@@ -138,6 +155,8 @@ class Tuning:
     fused_attention_max_queries: int = 0
     float32_library: str = "blas"
     transposed_weights: bool = False
+    float32_onednn_min_outputs: int = 2048
+    float32_onednn_rows: range = range(0)
     int8_onednn: bool = False
     int8_max_outputs: int = 2 ** 19
     int8_onednn_min_outputs: int = 2048
@@ -204,6 +223,19 @@ MEASURED = {
         "hundred rows; detected: MKL's BLAS multiplies float32 here",
         "Intel Xeon (AMX)",
         f"{_TUNING} > Linear weights stored transposed for MKL"),
+    "float32_onednn_min_outputs": Measured(
+        "float32 products with at least this many outputs (the output projection) are wide: "
+        "oneDNN multiplies those whose rows are in `float32_onednn_rows`",
+        "AMD EPYC Zen 3 (AVX2)",
+        f"{_TUNING} > The output projection's few rows through oneDNN"),
+    "float32_onednn_rows": Measured(
+        "the rows of a wide float32 inference product multiplied through oneDNN where MKL's "
+        "BLAS is the float32 library: 4 to 48 on CPUs not Intel's, where MKL's kernels for "
+        "a few rows are slow (x 128 -> 8,000, 1 thread: 5 rows 1.7x faster through oneDNN, "
+        "10-50 rows 1.05-1.3x, 64 and more as fast or slower; the same sums as MKL's from 4 "
+        "rows on), none elsewhere; detected from the CPU's vendor and the float32 library",
+        "AMD EPYC Zen 3 (AVX2)",
+        f"{_TUNING} > The output projection's few rows through oneDNN"),
     "int8_onednn": Measured(
         "whether int8's wide layers can run oneDNN's kernels: PyTorch's build has the "
         "oneDNN quantized engine; detected", "every CPU",
@@ -269,6 +301,7 @@ def detect_tuning() -> Tuning:
     return Tuning(fused_attention_max_queries=120 if cpu_avx2_only() else 0,
                   float32_library=library,
                   transposed_weights=library == "blas" and torch.backends.mkl.is_available(),
+                  float32_onednn_rows=float32_onednn_rows(library),
                   int8_onednn="onednn" in torch.backends.quantized.supported_engines)
 
 

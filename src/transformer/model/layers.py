@@ -4,7 +4,9 @@
   through the library that is faster on the CPU at hand (`hardware.TUNING.float32_library`):
   oneDNN (`torch.ops.mkldnn._linear_pointwise`), which picks its kernels by the CPU's
   instruction set, or the BLAS `F.linear` calls (MKL's sgemm), whose AVX-512 kernels run on
-  Intel's CPUs only. Training, autocast and other devices take `F.linear`.
+  Intel's CPUs only; where MKL is the library on a CPU not Intel's, the output projection's
+  few rows go to oneDNN (`float32_onednn_rows`). Training, autocast and other devices take
+  `F.linear`.
   `transpose_linear_weights` stores a loaded translator's weights in the layout MKL
   multiplies a decoding step's few rows fastest.
 - `Dropout`: `nn.Dropout` with a cheaper random mask on CPU: `torch.bernoulli_` draws a float
@@ -34,20 +36,44 @@ from torch.nn import functional as F
 
 from .. import hardware
 
-__all__ = ["Dropout", "Linear", "linear", "transpose_linear_weights", "default_chunk_rows",
-           "linear_label_smoothed_cross_entropy"]
+__all__ = ["Dropout", "Linear", "linear", "may_take_onednn", "transpose_linear_weights",
+           "default_chunk_rows", "linear_label_smoothed_cross_entropy"]
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """`F.linear(x, weight, bias)`, through oneDNN for float32 inference on CPU where the
-    tuning table's `float32_library` is "onednn"."""
-    if (hardware.TUNING.float32_library == "onednn" and x.device.type == "cpu"
-            and x.dtype == weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                                  or (bias is not None
-                                                      and bias.requires_grad)))):
+    tuning table says so: every product where its `float32_library` is "onednn"; where
+    not, a wide one (at least `float32_onednn_min_outputs` outputs: the output projection)
+    whose rows (x's leading dimensions) are in `float32_onednn_rows`, a decoding step's few
+    rows on CPUs where MKL's kernels for them are slow. The cheap tests come first: this
+    runs for every product of every decoding step."""
+    tuning = hardware.TUNING
+    if ((tuning.float32_library == "onednn"
+         or (weight.shape[0] >= tuning.float32_onednn_min_outputs
+             and x.numel() // max(x.shape[-1], 1) in tuning.float32_onednn_rows))
+            and _float32_inference_on_cpu(x, weight, bias)):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
+
+
+def may_take_onednn(weight: Tensor) -> bool:
+    """Whether `linear` may multiply by `weight` through oneDNN (for some input); where not,
+    it is `F.linear` whatever the input, so a caller that binds the weight (the decoding
+    step) calls `F.linear` itself."""
+    tuning = hardware.TUNING
+    return (tuning.float32_library == "onednn"
+            or (weight.shape[0] >= tuning.float32_onednn_min_outputs
+                and len(tuning.float32_onednn_rows) > 0))
+
+
+def _float32_inference_on_cpu(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """Whether `linear`'s product is float32 on CPU with nothing to differentiate (no
+    autocast, no gradient needed): the products oneDNN's operator can take."""
+    return (x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
+            and not torch.is_autocast_enabled("cpu")
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                                  or (bias is not None
+                                                      and bias.requires_grad))))
 
 
 def transpose_linear_weights(model: nn.Module) -> None:

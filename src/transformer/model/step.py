@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from . import kernels
 from .attention import MultiHeadAttention, _split_heads
 from .blocks import DecoderBlock, LayerCache
 from .cache import StepCache
-from .layers import Linear, linear
+from .layers import Linear, linear, may_take_onednn
 from .masks import key_padding_mask
 from .transformer import PositionalEncoding
 
@@ -80,7 +81,10 @@ def _joined(*weights: Tensor) -> Tensor:
 
 
 def _bound_linear(weight: Tensor, bias: Tensor | None) -> Callable[[Tensor], Tensor]:
-    """`layers.linear` with its parameters bound."""
+    """`layers.linear` with its parameters bound: `F.linear` itself where `linear` takes
+    it for any input (`may_take_onednn`), without `linear`'s tests at every call."""
+    if not may_take_onednn(weight):
+        return lambda X: F.linear(X, weight, bias)
     return lambda X: linear(X, weight, bias)
 
 
