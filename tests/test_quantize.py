@@ -132,6 +132,37 @@ def test_an_int8_layer_takes_its_rows_in_chunks_of_bounded_output(tuning):
     assert torch.equal(quantized(steps), reference_int8(layer)(steps))
 
 
+def test_joined_int8_layers_compute_each_layers_product_bit_for_bit(tuning):
+    """`int8.joined_int8` joins FBGEMM int8 layers of one shape into one layer whose output
+    is their outputs side by side, bit for bit (each weight keeps its own scale), at any
+    rows, in the row chunks each of them takes; the joined layer is kept for the next call
+    while the layers keep their weights, made anew when one is given others; float layers,
+    or int8 ones of other shapes, are not joined."""
+    torch.manual_seed(0)
+    layers = [nn.Linear(16, 24) for _ in range(3)]
+    with torch.no_grad():
+        layers[1].weight.mul_(5)  # another scale
+    quantized = list(quantize_int8(nn.Sequential(*layers)))
+    joined = int8.joined_int8(quantized)
+    assert joined is not None and joined.out_features == 72
+    for rows in (1, 5, 14, 300):
+        x = torch.randn(rows, 16)
+        separate = torch.cat([reference_int8(layer)(x) for layer in layers], 1)
+        assert torch.equal(joined(x), separate), rows
+    tuning(int8_max_outputs=24 * 7)  # each layer's chunks: 7 rows
+    x = torch.randn(30, 16)
+    assert rows_per_call(joined) == rows_per_call(quantized[0]) == 7
+    assert torch.equal(joined(x), torch.cat([layer(x) for layer in quantized], 1))
+    assert int8.joined_int8(quantized) is joined
+    quantized[2].set_weight_bias(quantized[0].weight(), quantized[0].bias())
+    rejoined = int8.joined_int8(quantized)
+    assert rejoined is not joined
+    assert torch.equal(rejoined(x)[:, 48:], quantized[0](x))
+    assert int8.joined_int8(layers) is None
+    other = quantize_int8(nn.Sequential(nn.Linear(16, 8)))[0]
+    assert int8.joined_int8([quantized[0], other]) is None
+
+
 @pytest.mark.parametrize("onednn", [True, False])
 def test_the_wide_int8_layers_are_packed_for_onednn_and_take_any_rows(onednn, monkeypatch,
                                                                      tuning):

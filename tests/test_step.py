@@ -4,6 +4,7 @@ finished sentences; its cache (`StepCache`); the decoder with hooks."""
 
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from transformer.model.blocks import LayerCache
 from transformer.model.cache import BufferPool, StepCache
@@ -148,9 +149,21 @@ def test_a_step_past_the_models_positions_says_so():
 
 
 def test_the_step_of_an_int8_model():
+    """Bit for bit the book's path, with W_q, W_k and W_v in one int8 product per block
+    (`int8.joined_int8`): six int8 products a block where the book's path runs eight."""
     model = quantize_int8(make_model())
     for ours, book in decode_both(model, *source([7, 4])):
         assert torch.equal(ours, book)
+    src, lens = source([7, 4])
+    with torch.inference_mode():
+        enc = model.encode(src, lens)
+        state = DecoderState(model.decoder, enc, lens, 2 * BEAM, 4)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            state(torch.tensor([2, 2]))
+        state.release()
+    products = sum(event.count for event in prof.key_averages()
+                   if event.key == "quantized::linear_dynamic")
+    assert products == 6 * len(model.decoder.blks)
 
 
 def test_a_decoder_with_hooks_decodes_through_its_forward():

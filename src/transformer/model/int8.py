@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Iterable
+import weakref
+from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
 import torch
@@ -25,7 +26,7 @@ from torch import Tensor, nn
 from .. import hardware
 from .layers import Linear
 
-__all__ = ["quantize_int8", "quantize_linears", "rows_per_call"]
+__all__ = ["quantize_int8", "quantize_linears", "joined_int8", "rows_per_call"]
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -47,6 +48,8 @@ class _RowChunkedInt8Linear(torch.ao.nn.quantized.dynamic.Linear):
     """PyTorch's dynamically quantized `Linear` (the same weights, state and products),
     applied to at most `rows_per_call(self)` input rows at a time."""
 
+    parts = 1  # layers of out_features // parts outputs each, side by side (`joined_int8`)
+
     def forward(self, x: Tensor) -> Tensor:
         weight = self._packed_params._packed_params  # int8, packed for FBGEMM
         flat = x.reshape(-1, x.shape[-1])  # (rows, in_features)
@@ -62,13 +65,62 @@ def rows_per_call(layer: nn.Module) -> int | None:
     by chunk (beam search over the output projection), None (all at once) for float32
     layers: an FBGEMM int8 layer's own row chunks (`int8_max_outputs // out_features`, the
     most it computes in one call: a caller that splits its work at this size saves the
-    joining of the chunks' outputs); a oneDNN int8 layer's `int8_onednn_chunk_rows`."""
+    joining of the chunks' outputs; a joined layer's those of each of its parts, so each
+    chunk quantizes the rows the parts' chunks would); a oneDNN int8 layer's
+    `int8_onednn_chunk_rows`."""
     tuning = hardware.TUNING
     if isinstance(layer, _RowChunkedInt8Linear):
-        return max(1, tuning.int8_max_outputs // layer.out_features)
+        return max(1, tuning.int8_max_outputs // (layer.out_features // layer.parts))
     if isinstance(layer, torch.ao.nn.quantized.dynamic.Linear):  # packed for oneDNN
         return tuning.int8_onednn_chunk_rows
     return None
+
+
+# layers[0] of a `joined_int8` call -> (the packed weights it joined, the joined layer)
+_JOINED: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[object, ...], _RowChunkedInt8Linear]]
+_JOINED = weakref.WeakKeyDictionary()
+
+
+def joined_int8(layers: Sequence[nn.Module]) -> _RowChunkedInt8Linear | None:
+    """One FBGEMM int8 layer computing `layers`' products side by side, their outputs
+    concatenated, bit for bit: each keeps its int8 weights and its scale, now one scale per
+    output channel, and the input is quantized once (the decoding step's W_q, W_k and W_v:
+    one product instead of three), in the row chunks each of them takes. None unless all
+    are FBGEMM int8 layers of one shape, with one scale per matrix and biases alike. The
+    joined weights are packed for the quantized engine selected when first asked, as
+    `quantize_int8` packs the narrow layers; packing takes longer than a search of one
+    sentence, so the joined layer is kept for the next searches while the layers keep the
+    same packed weights."""
+    if not layers or not all(type(layer) is _RowChunkedInt8Linear for layer in layers):
+        return None
+    packed = tuple(layer._packed_params._packed_params for layer in layers)
+    kept = _JOINED.get(layers[0])
+    if kept is not None and len(kept[0]) == len(packed) and all(
+            a is b for a, b in zip(kept[0], packed, strict=True)):
+        return kept[1]
+    joined = _joined_int8(layers)
+    if joined is not None:
+        _JOINED[layers[0]] = (packed, joined)
+    return joined
+
+
+def _joined_int8(layers: Sequence[_RowChunkedInt8Linear]) -> _RowChunkedInt8Linear | None:
+    """`joined_int8`'s layer, made anew."""
+    weights = [layer.weight() for layer in layers]  # each (out_i, in), qint8
+    biases = [layer.bias() for layer in layers]
+    if (any(w.qscheme() != torch.per_tensor_affine for w in weights)
+            or len({w.shape for w in weights}) > 1 or len({b is None for b in biases}) > 1):
+        return None
+    int8 = torch.cat([w.int_repr() for w in weights])  # (sum out_i, in)
+    scales = torch.cat([torch.full((len(w),), w.q_scale(), dtype=torch.double)
+                        for w in weights])
+    zero_points = torch.cat([torch.full((len(w),), w.q_zero_point(), dtype=torch.long)
+                             for w in weights])
+    joined = _RowChunkedInt8Linear(int8.shape[1], int8.shape[0])
+    joined.parts = len(layers)
+    joined.set_weight_bias(torch._make_per_channel_quantized_tensor(int8, scales, zero_points, 0),
+                           None if biases[0] is None else torch.cat(biases))
+    return joined
 
 
 def quantize_int8(model: M) -> M:

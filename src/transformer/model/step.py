@@ -37,6 +37,7 @@ from . import kernels
 from .attention import MultiHeadAttention, _split_heads
 from .blocks import DecoderBlock, LayerCache
 from .cache import StepCache
+from .int8 import joined_int8
 from .layers import Linear, linear, may_take_onednn
 from .masks import key_padding_mask
 from .transformer import PositionalEncoding
@@ -61,8 +62,12 @@ def _has_hooks(decoder: nn.Module) -> bool:
 
 def _joined_qkv(attention: MultiHeadAttention) -> Callable[[Tensor], Tensor] | None:
     """One product for W_q, W_k and W_v (rows, d) -> (rows, 3 * inner), their weights
-    joined; None unless all three are float `Linear`s with biases alike."""
+    joined; None unless all three are float `Linear`s with biases alike, or int8 layers
+    that `int8.joined_int8` joins."""
     layers = (attention.W_q, attention.W_k, attention.W_v)
+    int8 = joined_int8(layers)
+    if int8 is not None:
+        return int8.forward
     if not all(type(layer) is Linear for layer in layers) or len(
             {layer.bias is None for layer in layers}) > 1:
         return None
