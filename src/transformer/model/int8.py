@@ -77,8 +77,8 @@ def rows_per_call(layer: nn.Module) -> int | None:
 
 
 # layers[0] of a `joined_int8` call -> (the packed weights it joined, the joined layer)
-_JOINED: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[object, ...], _RowChunkedInt8Linear]]
-_JOINED = weakref.WeakKeyDictionary()
+_JOINED: weakref.WeakKeyDictionary[
+    nn.Module, tuple[tuple[object, ...], _RowChunkedInt8Linear]] = weakref.WeakKeyDictionary()
 
 
 def joined_int8(layers: Sequence[nn.Module]) -> _RowChunkedInt8Linear | None:

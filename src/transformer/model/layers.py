@@ -45,12 +45,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     tuning table says so: every product where its `float32_library` is "onednn"; where
     not, a wide one (at least `float32_onednn_min_outputs` outputs: the output projection)
     whose rows (x's leading dimensions) are in `float32_onednn_rows`, a decoding step's few
-    rows on CPUs where MKL's kernels for them are slow. The cheap tests come first: this
-    runs for every product of every decoding step."""
+    rows on CPUs where MKL's kernels for them are slow. The cheap tests come first: every
+    linear layer's call runs them."""
     tuning = hardware.TUNING
     if ((tuning.float32_library == "onednn"
-         or (weight.shape[0] >= tuning.float32_onednn_min_outputs
-             and x.numel() // max(x.shape[-1], 1) in tuning.float32_onednn_rows))
+         or (_wide(weight) and x.numel() // max(x.shape[-1], 1) in tuning.float32_onednn_rows))
             and _float32_inference_on_cpu(x, weight, bias)):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
@@ -62,8 +61,13 @@ def may_take_onednn(weight: Tensor) -> bool:
     step) calls `F.linear` itself."""
     tuning = hardware.TUNING
     return (tuning.float32_library == "onednn"
-            or (weight.shape[0] >= tuning.float32_onednn_min_outputs
-                and len(tuning.float32_onednn_rows) > 0))
+            or (_wide(weight) and len(tuning.float32_onednn_rows) > 0))
+
+
+def _wide(weight: Tensor) -> bool:
+    """Whether a product by `weight` (out, in) is wide: at least the tuning table's
+    `float32_onednn_min_outputs` outputs (the output projection)."""
+    return weight.shape[0] >= hardware.TUNING.float32_onednn_min_outputs
 
 
 def _float32_inference_on_cpu(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
