@@ -1,22 +1,28 @@
 """How much memory does a training run hold, under which allocator?
 
-    python bench/train_memory.py --data-root DIR [--max-time 120] [--out runs/memory]
-                                 [--arms system_1024 system jemalloc tcmalloc]
+    python bench/train_memory.py --data-root DIR [--max-time 120 | --max-updates N]
+                                 [--out runs/memory]
+                                 [--arms system_1024 system jemalloc_default jemalloc tcmalloc]
 
 Each arm runs the README's command, `transformer train data.root=DIR
-trainer.max_time=SECONDS` (the Multi30k recipe under a time budget), in a process of its
-own, one after the other, and reads the peak resident memory (Linux's VmHWM) and the target
-tokens it trained from the last line of its log:
+trainer.max_time=SECONDS` (the Multi30k recipe under a time budget; with `--max-updates`,
+`trainer.max_updates=N` instead: every arm the same updates), in a process of its own, one
+after the other, and reads the peak resident memory (Linux's VmHWM) and the target tokens it
+trained from the last line of its log:
 
-  system_1024  the system's malloc (glibc) and oneDNN's own primitive cache (1,024 kernels):
-               the command as it was before it chose its environment
-  system       the system's malloc, oneDNN's cache at the tuning table's size
-               (`TRANSFORMER_ALLOCATOR=system`)
-  jemalloc     libjemalloc.so.2 preloaded, the table's cache (what `transformer train` does
-               where it finds jemalloc)
-  tcmalloc     libtcmalloc_minimal.so.4 preloaded, the table's cache
+  system_1024       the system's malloc (glibc) and oneDNN's own primitive cache (1,024
+                    kernels): the command as it was before it chose its environment
+  system            the system's malloc, oneDNN's cache at the tuning table's size
+                    (`TRANSFORMER_ALLOCATOR=system`)
+  jemalloc_default  libjemalloc.so.2 preloaded with jemalloc's own settings (`MALLOC_CONF`
+                    empty), the table's cache
+  jemalloc          libjemalloc.so.2 preloaded, the table's cache and `jemalloc_conf` (what
+                    `transformer train` does where it finds jemalloc)
+  tcmalloc          libtcmalloc_minimal.so.4 preloaded, the table's cache
 
-An arm whose library this machine lacks is left out, with a line that says so. Columns: peak
+An arm may be named more than once (`--arms jemalloc_default jemalloc jemalloc_default
+jemalloc`: alternating, so a slow minute of the machine does not fall on one arm only). An
+arm whose library this machine lacks is left out, with a line that says so. Columns: peak
 resident memory, target tokens per second of training time (the speed probe's seconds
 included) and both as ratios to the first arm run, measured in the same run; the machine's
 speed drifts by 10-20% between minutes, so read tokens/s over several runs.
@@ -38,8 +44,9 @@ from timing import cpu_description
 
 from transformer.runtime import find_allocator
 
-ARMS = ("system_1024", "system", "jemalloc", "tcmalloc")
-LIBRARIES = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc_minimal.so.4"}
+ARMS = ("system_1024", "system", "jemalloc_default", "jemalloc", "tcmalloc")
+LIBRARIES = {"jemalloc_default": "libjemalloc.so.2", "jemalloc": "libjemalloc.so.2",
+             "tcmalloc": "libtcmalloc_minimal.so.4"}
 STOPPED = re.compile(r"stopped \(\w+\) in epoch \d+ after ([\d,]+) updates \(([\d,]+) target "
                      r"tokens\), (\d+) s;.*peak resident memory ([\d.]+) GiB")
 
@@ -51,7 +58,10 @@ def arm_environment(arm: str) -> dict[str, str] | None:
     if arm == "system":
         return {"TRANSFORMER_ALLOCATOR": "system"}
     found = find_allocator(names=(LIBRARIES[arm],))
-    return None if found is None else {"TRANSFORMER_ALLOCATOR": found}
+    if found is None:
+        return None
+    return {"TRANSFORMER_ALLOCATOR": found,
+            **({"MALLOC_CONF": ""} if arm == "jemalloc_default" else {})}
 
 
 def run_arm(arm: str, env: dict[str, str], args: argparse.Namespace) -> dict[str, float]:
@@ -59,12 +69,14 @@ def run_arm(arm: str, env: dict[str, str], args: argparse.Namespace) -> dict[str
     peak resident memory from the log's last line."""
     run_dir = args.out / arm
     shutil.rmtree(run_dir, ignore_errors=True)  # a run directory with checkpoints resumes
+    budget = (f"trainer.max_updates={args.max_updates}" if args.max_updates
+              else f"trainer.max_time={args.max_time}")
     command = [sys.executable, "-m", "transformer", "train", f"data.root={args.data_root}",
-               f"trainer.max_time={args.max_time}", f"hydra.run.dir={run_dir}"]
+               budget, f"hydra.run.dir={run_dir}"]
     print("+", " ".join(f"{k}={v}" for k, v in env.items()), " ".join(command[1:]),
           flush=True)
     base = {k: v for k, v in os.environ.items()
-            if k not in ("LD_PRELOAD", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
+            if k not in ("LD_PRELOAD", "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "MALLOC_CONF")}
     done = subprocess.run(command, env={**base, **env}, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{arm}: transformer train failed:\n{done.stderr[-2000:]}")
@@ -82,6 +94,8 @@ def main() -> None:
                         help="Multi30k's files (train/val/test_2016_flickr .LANG.gz)")
     parser.add_argument("--max-time", type=int, default=120,
                         help="each arm's trainer.max_time in seconds")
+    parser.add_argument("--max-updates", type=int, default=0,
+                        help="each arm's trainer.max_updates instead (the same work)")
     parser.add_argument("--out", type=Path, default=Path("runs/memory"),
                         help="the arms' run directories")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
@@ -90,22 +104,22 @@ def main() -> None:
         sys.exit("the peak resident memory is read from Linux's /proc")
     print(f"{cpu_description()}; the allocator transformer train finds here: "
           f"{find_allocator() or 'none'}")
-    results = {}
+    results = []
     for arm in args.arms:
         env = arm_environment(arm)
         if env is None:
             print(f"{arm}: left out, {LIBRARIES[arm]} is not on this machine")
             continue
-        results[arm] = run_arm(arm, env, args)
+        results.append((arm, run_arm(arm, env, args)))
     if not results:
         return
-    first = next(iter(results.values()))
+    first = results[0][1]
     first_speed = first["tokens"] / first["seconds"]
-    print(f"\n{'arm':<12} {'peak GiB':>8} {'updates':>8} {'tokens/s':>9} {'memory':>7} "
+    print(f"\n{'arm':<16} {'peak GiB':>8} {'updates':>8} {'tokens/s':>9} {'memory':>7} "
           f"{'speed':>6}")
-    for arm, r in results.items():
+    for arm, r in results:
         speed = r["tokens"] / r["seconds"]
-        print(f"{arm:<12} {r['peak_gib']:>8.2f} {r['updates']:>8,} {speed:>9,.0f} "
+        print(f"{arm:<16} {r['peak_gib']:>8.2f} {r['updates']:>8,} {speed:>9,.0f} "
               f"{r['peak_gib'] / first['peak_gib']:>6.2f}x {speed / first_speed:>5.2f}x")
 
 

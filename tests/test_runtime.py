@@ -159,12 +159,14 @@ def test_training_environment_preloads_the_allocator_and_sizes_onednns_cache(tmp
     env = training_environment({"PATH": "/bin"}, str(library))
     assert env == {"PATH": "/bin", "LD_PRELOAD": str(library),
                    "ONEDNN_PRIMITIVE_CACHE_CAPACITY":
-                       str(hardware.TUNING.onednn_primitive_cache)}
+                       str(hardware.TUNING.onednn_primitive_cache),
+                   "MALLOC_CONF": hardware.TUNING.jemalloc_conf}
     # what the user set is kept; a library preloaded already is not added twice
     env = training_environment({"LD_PRELOAD": "/x/liba.so:" + str(library),
-                                "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}, str(library))
+                                "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024",
+                                "MALLOC_CONF": "narenas:1"}, str(library))
     assert env == {"LD_PRELOAD": "/x/liba.so:" + str(library),
-                   "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}
+                   "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024", "MALLOC_CONF": "narenas:1"}
     assert training_environment({"LD_PRELOAD": "/x/liba.so"}, str(library))["LD_PRELOAD"] \
         == f"/x/liba.so {library}"
     assert "LD_PRELOAD" not in training_environment({}, None)  # none found: the system's
@@ -172,8 +174,8 @@ def test_training_environment_preloads_the_allocator_and_sizes_onednns_cache(tmp
                                                     str(library))
     chosen = tmp_path / "libtcmalloc.so.4"
     chosen.write_bytes(b"")
-    assert training_environment({"TRANSFORMER_ALLOCATOR": str(chosen)},
-                                str(library))["LD_PRELOAD"] == str(chosen)
+    env = training_environment({"TRANSFORMER_ALLOCATOR": str(chosen)}, str(library))
+    assert env["LD_PRELOAD"] == str(chosen) and "MALLOC_CONF" not in env  # jemalloc's only
     with pytest.raises(ConfigError, match=r"^TRANSFORMER_ALLOCATOR=/no/lib.so: no such "):
         training_environment({"TRANSFORMER_ALLOCATOR": "/no/lib.so"}, str(library))
 
@@ -201,6 +203,36 @@ def test_the_train_command_runs_under_the_allocator_found(tmp_path, multi30k_dir
     malloc, as `TRANSFORMER_ALLOCATOR=system` asks), and its log says which."""
     found = find_allocator()
     expected = "the system malloc" if found is None else os.path.basename(found)
-    assert f"memory allocator {expected}" in _train_log(tmp_path, multi30k_dir, spm_model)
+    if expected == "libjemalloc.so.2":
+        expected += f" (MALLOC_CONF={hardware.TUNING.jemalloc_conf})"
+    assert f"memory allocator {expected}\n" in _train_log(tmp_path, multi30k_dir, spm_model)
     assert "memory allocator the system malloc" in _train_log(
         tmp_path, multi30k_dir, spm_model, TRANSFORMER_ALLOCATOR="system")
+
+
+_JEMALLOC_SETTINGS = """
+import ctypes, sys
+mallctl = ctypes.CDLL(None).mallctl  # jemalloc's, preloaded
+for pair in sys.argv[1].split(","):
+    key, value = pair.split(":")
+    read, size = ctypes.c_ssize_t(), ctypes.c_size_t(ctypes.sizeof(ctypes.c_ssize_t))
+    assert mallctl(f"opt.{key}".encode(), ctypes.byref(read), ctypes.byref(size), None, 0) == 0
+    print(key, read.value)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="LD_PRELOAD is Linux's")
+def test_jemalloc_runs_with_the_tuning_tables_settings():
+    """A process in the training environment under jemalloc reads the table's
+    `jemalloc_conf` as set, without a warning (jemalloc prints one for a setting it
+    does not know, and goes on without it)."""
+    found = find_allocator(names=("libjemalloc.so.2",))
+    if found is None:
+        pytest.skip("no libjemalloc.so.2 on this machine (CI installs it)")
+    conf = hardware.TUNING.jemalloc_conf
+    environ = {k: v for k, v in os.environ.items() if k not in ("MALLOC_CONF", "LD_PRELOAD")}
+    done = subprocess.run([sys.executable, "-c", _JEMALLOC_SETTINGS, conf],
+                          env=training_environment(environ, found), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
+    assert done.stdout.split() == conf.replace(",", " ").replace(":", " ").split()

@@ -170,6 +170,7 @@ class Tuning:
     loss_chunk_logits_cpu: int = 2 ** 22
     loss_chunk_logits_gpu: int = 2 ** 26
     onednn_primitive_cache: int = 128
+    jemalloc_conf: str = "muzzy_decay_ms:-1"
 
 
 @dataclass(frozen=True)
@@ -291,6 +292,12 @@ MEASURED = {
         "step's products have new shapes, so a larger cache is rarely hit but holds memory "
         "and splits the heap; 128 is more than one step's shapes (8 slows training 2x)",
         "Intel Xeon (AMX)", f"{_TUNING} > The training process's memory"),
+    "jemalloc_conf": Measured(
+        "jemalloc's settings (`MALLOC_CONF`) in a training process: the pages it has handed "
+        "back lazily (MADV_FREE) stay mapped, so the next steps' tensors reuse them without a "
+        "page fault each (300 updates of the 30-minute command's settings 1.15-1.38x faster in "
+        "three alternating pairs, page faults 6.2-7.9M -> 1.8M; peak memory 0.60 -> 0.72 GiB)",
+        "AMD EPYC Zen 3 (AVX2)", f"{_TUNING} > The training process's memory"),
 }
 
 

@@ -32,7 +32,7 @@ from .hardware import cpu_has_native_bf16
 __all__ = ["resolve_device", "device_index", "DistEnv", "init_distributed", "Precision",
            "resolve_precision", "configure_cuda", "ALLOCATOR_LIBRARIES", "find_allocator",
            "training_environment", "enter_training_environment", "loaded_allocator",
-           "peak_resident_bytes", "prefetched"]
+           "allocator_description", "peak_resident_bytes", "prefetched"]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -193,6 +193,7 @@ LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr
                 "/usr/lib", "/usr/local/lib")
 ALLOCATOR_VARIABLE = "TRANSFORMER_ALLOCATOR"  # "auto" (default), "system", or a library
 ONEDNN_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+JEMALLOC_VARIABLE = "MALLOC_CONF"  # jemalloc's settings (other allocators ignore it)
 
 
 def find_allocator(dirs: Sequence[str] | None = None,
@@ -215,9 +216,11 @@ def training_environment(environ: Mapping[str, str], found: str | None) -> dict[
     `found` preloaded (`LD_PRELOAD`) and oneDNN's primitive cache at the tuning table's
     `onednn_primitive_cache` entries. Each training step multiplies matrices of new shapes,
     and oneDNN compiles and keeps a primitive per shape (1,024 by default): a smaller cache
-    holds less and lets the allocator reuse more. A variable the user set is kept;
-    `TRANSFORMER_ALLOCATOR=system` keeps the system's malloc, `=PATH` preloads that library
-    (a missing one is a `ConfigError`)."""
+    holds less and lets the allocator reuse more. Under jemalloc, its settings are the
+    table's `jemalloc_conf`: the pages it hands back lazily stay mapped, where by default
+    every step's tensors fault in pages it has just unmapped. A variable the user set is
+    kept; `TRANSFORMER_ALLOCATOR=system` keeps the system's malloc, `=PATH` preloads that
+    library (a missing one is a `ConfigError`)."""
     env = dict(environ)
     env.setdefault(ONEDNN_CACHE_VARIABLE, str(hardware.TUNING.onednn_primitive_cache))
     choice = env.get(ALLOCATOR_VARIABLE, "auto")
@@ -231,6 +234,8 @@ def training_environment(environ: Mapping[str, str], found: str | None) -> dict[
     preloaded = env.get("LD_PRELOAD", "").replace(":", " ").split()
     if found is not None and found not in preloaded:
         env["LD_PRELOAD"] = " ".join([*preloaded, found])
+    if found is not None and "jemalloc" in os.path.basename(found):
+        env.setdefault(JEMALLOC_VARIABLE, hardware.TUNING.jemalloc_conf)
     return env
 
 
@@ -256,6 +261,16 @@ def loaded_allocator() -> str | None:
     except OSError:
         return None
     return next((name for name in ALLOCATOR_LIBRARIES if "/" + name in maps), None)
+
+
+def allocator_description() -> str:
+    """The allocator as `transformer train` logs it: the library this process runs under,
+    with jemalloc's settings (`MALLOC_CONF`) where they are set, or the system's malloc."""
+    name = loaded_allocator()
+    if name is None:
+        return "the system malloc"
+    conf = os.environ.get(JEMALLOC_VARIABLE) if "jemalloc" in name else None
+    return f"{name} ({JEMALLOC_VARIABLE}={conf})" if conf else name
 
 
 # ---- the prefetch thread ----------------------------------------------------------------

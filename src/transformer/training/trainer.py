@@ -54,9 +54,9 @@ from ..run.config import AUTO_MODEL, ModelSettings, TrainConfig
 from ..run.data import load_data_on_ranks
 from ..runtime import (
     DistEnv,
+    allocator_description,
     configure_cuda,
     init_distributed,
-    loaded_allocator,
     peak_resident_bytes,
     prefetched,
     resolve_device,
@@ -277,7 +277,7 @@ class Trainer:
             dtype = self.precision.dtype
             log.info("device %s, %s (%s)%s", self.device,
                      "float32" if dtype is None else f"autocast {dtype}", self.precision.why,
-                     f"; memory allocator {loaded_allocator() or 'the system malloc'}"
+                     f"; memory allocator {allocator_description()}"
                      if self.device.type == "cpu" else "")
 
     def close(self) -> None:
