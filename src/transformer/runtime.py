@@ -234,7 +234,7 @@ def training_environment(environ: Mapping[str, str], found: str | None) -> dict[
     preloaded = env.get("LD_PRELOAD", "").replace(":", " ").split()
     if found is not None and found not in preloaded:
         env["LD_PRELOAD"] = " ".join([*preloaded, found])
-    if found is not None and "jemalloc" in os.path.basename(found):
+    if found is not None and _is_jemalloc(found):
         env.setdefault(JEMALLOC_VARIABLE, hardware.TUNING.jemalloc_conf)
     return env
 
@@ -269,8 +269,14 @@ def allocator_description() -> str:
     name = loaded_allocator()
     if name is None:
         return "the system malloc"
-    conf = os.environ.get(JEMALLOC_VARIABLE) if "jemalloc" in name else None
+    conf = os.environ.get(JEMALLOC_VARIABLE) if _is_jemalloc(name) else None
     return f"{name} ({JEMALLOC_VARIABLE}={conf})" if conf else name
+
+
+def _is_jemalloc(library: str) -> bool:
+    """Whether the allocator library `library` (a path or a file name) is jemalloc, the one
+    that reads `MALLOC_CONF`."""
+    return os.path.basename(library).startswith("libjemalloc")
 
 
 # ---- the prefetch thread ----------------------------------------------------------------
