@@ -228,6 +228,60 @@ def test_output_bias_is_added_to_every_logit_and_trained_by_the_fused_loss():
     assert model.output_projection.bias.grad.abs().sum() > 0
 
 
+def test_losses_and_log_probs_over_chunks_of_rows_equal_those_of_the_whole_logits(tuning):
+    """Validation's loss, head importance's differentiable nll and forced decoding's
+    sentence log-probabilities project a chunk of target rows at a time (here 4 of a
+    batch's 17 real tokens): each equals `nn.CrossEntropyLoss` or the log-softmax over the
+    batch's whole logits, an ensemble's the normalized mean of its members'."""
+    from transformer.data.store import Batch
+    from transformer.model.ensemble import Ensemble
+    from transformer.model.loss import evaluate_loss, sentence_log_probs, teacher_forced_loss
+
+    tuning(loss_min_chunk_rows=4, loss_chunk_logits_cpu=1)
+    torch.manual_seed(0)
+    config = ModelConfig(src_vocab_size=20, tgt_vocab_size=20, num_hiddens=16,
+                         ffn_num_hiddens=32, num_heads=2, num_encoder_layers=1,
+                         num_decoder_layers=1, dropout=0.0)
+    model, other = Transformer(config).eval(), Transformer(config).eval()
+    src, lens = torch.randint(4, 20, (3, 5)), torch.tensor([5, 4, 2])
+    tgt_lens = torch.tensor([7, 4, 6])  # 17 real tokens, padding after
+    tgt_out = torch.randint(4, 20, (3, 7)).masked_fill(torch.arange(7) >= tgt_lens[:, None], 0)
+    tgt_in = torch.cat([torch.full((3, 1), config.start_id), tgt_out[:, :-1]], 1)
+    real = tgt_out != 0
+    batch = Batch(src, lens, tgt_in, tgt_out, tgt_lens, real.flatten().nonzero().squeeze(1),
+                  17, [0, 1, 2])
+
+    def log_probs(m):  # (3, 7, V) over the whole logits
+        with torch.no_grad():
+            return m(src, lens, tgt_in).log_softmax(-1)
+
+    report = evaluate_loss(model, [batch], label_smoothing=0.1)
+    logits = model(src, lens, tgt_in).detach().flatten(0, 1)
+    for smoothing, got in ((0.0, report.nll), (0.1, report.loss)):
+        expected = nn.CrossEntropyLoss(ignore_index=0, label_smoothing=smoothing)(
+            logits, tgt_out.flatten())
+        assert got == pytest.approx(float(expected), rel=1e-6)
+    assert report.tokens == 17
+
+    nll = teacher_forced_loss(model, batch).nll
+    nll.backward()
+    chunked = model.output_projection.weight.grad.clone()
+    model.zero_grad()
+    reference = nn.CrossEntropyLoss(ignore_index=0, reduction="sum")(
+        model(src, lens, tgt_in).flatten(0, 1), tgt_out.flatten())
+    reference.backward()
+    assert nll.item() == pytest.approx(reference.item(), rel=1e-6)
+    torch.testing.assert_close(chunked, model.output_projection.weight.grad)
+
+    picked = log_probs(model).gather(2, tgt_out[..., None]).squeeze(2)  # (3, 7)
+    torch.testing.assert_close(sentence_log_probs(model, batch),
+                               (picked * real).sum(1).double())
+    mean = torch.log_softmax((log_probs(model) + log_probs(other)) / 2, -1)
+    torch.testing.assert_close(
+        sentence_log_probs(Ensemble([model, other]), batch),
+        (mean.gather(2, tgt_out[..., None]).squeeze(2) * real).sum(1).double())
+
+
 def test_configs_without_the_newer_fields_build_the_same_model():
     """A checkpoint from before activation, output bias and special ids were options."""
     config = ModelConfig(src_vocab_size=20, tgt_vocab_size=20, num_hiddens=16)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from transformer import cli
+from transformer import cli, hardware
 from transformer.cli import plot_curves as plot_curves_command
 from transformer.data.tokenizer import PAD_ID
 from transformer.errors import ConfigError, TrainingError
@@ -160,6 +160,33 @@ def test_no_epoch_validation_before_validate_after_updates(tmp_path, small):
     assert result.state.last_validation == 40
     assert result.state.target_tokens > 0 and f"{result.state.target_tokens:,} target tokens" \
         in log_text
+
+
+def test_validation_shares_the_batch_tokens_between_the_searches_it_runs_at_once(
+        tmp_path, small, monkeypatch):
+    """Validation's greedy search takes batches of data.max_tokens source tokens divided by
+    the CPU threads, each searching a batch of its own (each holds its decoding caches);
+    trainer.decode_max_tokens, where set, is the size of each."""
+    from transformer.training import validation
+
+    asked = []
+
+    def search_corpus(*args, max_tokens, **kwargs):
+        asked.append(max_tokens)
+        return real(*args, max_tokens=max_tokens, **kwargs)
+
+    real = validation.search_corpus
+    monkeypatch.setattr(validation, "search_corpus", search_corpus)
+    for overrides, threads in (([], 2), ([], 1), (["trainer.decode_max_tokens=300"], 2)):
+        trainer = Trainer(compose_config(small + overrides), tmp_path / f"{len(asked)}",
+                          DistEnv())
+        try:
+            with hardware.threads_restored():
+                hardware.set_threads(threads)
+                assert trainer.validate().metrics.bleu >= 0
+        finally:
+            trainer.close()
+    assert asked == [512, 1024, 300]  # data.max_tokens=1024
 
 
 def test_precision_auto_takes_bf16_on_a_cpu_only_where_it_computes_bf16(tmp_path, small,

@@ -26,7 +26,7 @@ from ..model.transformer import Transformer
 from .request import DecodingRequest
 from .search import Hypothesis, beam_search, pad_prefixes, sample_search
 
-__all__ = ["DEFAULT_MAX_TOKENS", "search_corpus", "decode_batches"]
+__all__ = ["DEFAULT_MAX_TOKENS", "search_corpus", "decode_batches", "parallel_searches"]
 
 DEFAULT_MAX_TOKENS = 8192  # source tokens per decoding batch, padding included, before the beam
 
@@ -63,12 +63,18 @@ def search_corpus(model: Transformer | Ensemble, sources: Sequence[Sequence[int]
                            constraints=None if constraints is None
                            else [constraints[i] for i in batch])
 
-    parallel = torch.get_num_threads() if device.type == "cpu" else 1
+    parallel = parallel_searches(device)
     return decode_batches(sources, search, nbest=request.nbest, max_tokens=max_tokens,
                           max_sentences=max(1, hardware.TUNING.decode_max_rows
                                             // request.beam_size),
                           parallel=parallel, balanced=request.sampling is None,
                           on_progress=on_progress)
+
+
+def parallel_searches(device: torch.device) -> int:
+    """How many batches `search_corpus` searches at once on `device` where it has that
+    many: one per CPU thread, each with single-threaded operators; one on a GPU."""
+    return torch.get_num_threads() if device.type == "cpu" else 1
 
 
 def decode_batches(sources: Sequence[Sequence[int]],

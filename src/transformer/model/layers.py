@@ -137,9 +137,10 @@ def random_bytes(n: int) -> Tensor:
 
 
 def default_chunk_rows(vocab_size: int, device: torch.device) -> int:
-    """Rows per chunk of `linear_label_smoothed_cross_entropy` on `device`: the tuning
-    table's logits per chunk (~16 MB on a CPU: the chunk stays in cache; on a GPU a batch in
-    one or two chunks), but at least its `loss_min_chunk_rows`."""
+    """Rows per chunk of `linear_label_smoothed_cross_entropy` (and of the log-probabilities
+    `loss` computes outside training) on `device`: the tuning table's logits per chunk
+    (~16 MB on a CPU: the chunk stays in cache; on a GPU a batch in one or two chunks), but
+    at least its `loss_min_chunk_rows`."""
     tuning = hardware.TUNING
     logits = (tuning.loss_chunk_logits_gpu if device.type == "cuda"
               else tuning.loss_chunk_logits_cpu)

@@ -3,8 +3,8 @@
 - `LabelSmoothedLoss`: what training minimizes, label-smoothed cross-entropy summed over the
   real target tokens, with the output projection fused into it
   (`layers.linear_label_smoothed_cross_entropy`: the logits are never materialized).
-- `teacher_forced_loss`: one batch's summed nll and label-smoothed loss from its logits,
-  differentiable (head importance takes gradients of it).
+- `teacher_forced_loss`: one batch's summed nll and label-smoothed loss, differentiable
+  (head importance takes gradients of it).
 - `evaluate_loss`: per-token loss and nll over many batches, in eval mode without gradients:
   training's validation loss and the head-masking scores both come from here.
 - `sentence_log_probs`: each pair's log-probability (forced decoding: `transformer translate
@@ -13,11 +13,16 @@
 Both compute the same quantity as `nn.CrossEntropyLoss(label_smoothing=eps)`: the target
 distribution is (1 - eps) on the reference token plus eps / V on every token, so the loss
 is (1 - eps) * nll + eps * (mean over the vocabulary of -log p).
+
+Outside training the log-probabilities come in chunks of rows (`_log_prob_chunks`, as many
+rows as the training loss's chunks, `layers.default_chunk_rows`): a batch of thousands of
+target tokens would otherwise hold its (tokens, vocabulary) logits and their log-softmax at
+once, the largest allocation of a training run's validation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +30,7 @@ from torch import Tensor, nn
 
 from ..data.store import Batch
 from .ensemble import Ensemble, mean_logits, members
-from .layers import linear_label_smoothed_cross_entropy
+from .layers import default_chunk_rows, linear_label_smoothed_cross_entropy
 from .transformer import Transformer, eval_mode
 
 __all__ = ["LabelSmoothedLoss", "TeacherForcedLoss", "teacher_forced_loss",
@@ -65,20 +70,41 @@ class TeacherForcedLoss:
     tokens: int
 
 
-def _token_log_probs(model: Transformer, batch: Batch) -> tuple[Tensor, Tensor]:
-    """Feed the reference prefix and score every real target token (the projection runs on
-    those positions only) -> log-probs over the vocabulary (N, V) float32, and the mask
-    (batch, tgt_len) of the N real positions."""
+def _real_token_states(model: Transformer, batch: Batch) -> tuple[Tensor, Tensor]:
+    """Feed the reference prefix -> the decoder's last states at the batch's real target
+    tokens (N, d), row-major, and the mask (batch, tgt_len) of those N positions."""
     mask = batch.tgt_out != model.config.pad_id  # (batch, tgt_len)
-    logits = model(batch.src, batch.src_valid_lens, batch.tgt_in, output_mask=mask)  # (N, V)
-    return logits.float().log_softmax(-1), mask
+    hidden = model.hidden_states(batch.src, batch.src_valid_lens, batch.tgt_in)
+    return hidden[mask], mask  # (N, d)
+
+
+def _log_prob_chunks(models: Sequence[Transformer], states: Sequence[Tensor]
+                     ) -> Iterator[tuple[slice, Tensor]]:
+    """(rows, log-probs (rows, V) float32) over the N rows of `states` (each model's (N, d)
+    states of the same tokens), a chunk of rows at a time; several models' log-probs are
+    the normalized mean of theirs, as an ensemble's search reads them
+    (`ensemble.mean_logits`)."""
+    n, vocab_size = len(states[0]), models[0].config.tgt_vocab_size
+    step = default_chunk_rows(vocab_size, states[0].device)
+    for start in range(0, n, step):
+        rows = slice(start, min(start + step, n))
+        log_probs = [model.output_projection(hidden[rows]).float().log_softmax(-1)
+                     for model, hidden in zip(models, states, strict=True)]
+        if len(log_probs) == 1:
+            yield rows, log_probs[0]
+        else:
+            yield rows, torch.log_softmax(mean_logits(log_probs), -1)
 
 
 def teacher_forced_loss(model: Transformer, batch: Batch) -> TeacherForcedLoss:
-    """One batch's summed nll and smoothing term over its real target tokens."""
-    log_probs, mask = _token_log_probs(model, batch)  # once for both numbers
-    nll = -log_probs.gather(1, batch.tgt_out[mask][:, None]).sum()
-    uniform = -log_probs.mean(-1).sum()
+    """One batch's summed nll and smoothing term over its real target tokens (the output
+    projection on those positions only, a chunk of rows at a time), float64."""
+    hidden, mask = _real_token_states(model, batch)
+    targets = batch.tgt_out[mask]  # (N,)
+    nll = uniform = hidden.new_zeros((), dtype=torch.float64)
+    for rows, log_probs in _log_prob_chunks([model], [hidden]):
+        nll = nll - log_probs.gather(1, targets[rows, None]).sum().double()
+        uniform = uniform - log_probs.mean(-1).sum().double()
     return TeacherForcedLoss(nll, uniform, batch.num_tgt_tokens)
 
 
@@ -89,17 +115,17 @@ def sentence_log_probs(model: Transformer | Ensemble, batch: Batch) -> Tensor:
     given translation) runs on this; it is `-teacher_forced_loss(...).nll` pair by pair.
     An ensemble's token log-probabilities are the normalized mean of its members', as its
     search reads them (`ensemble.mean_logits`)."""
-    per_model = []  # each model's log-probs (N target tokens, vocab)
+    states = []  # each member's (N target tokens, d)
     for member in members(model):
         with eval_mode(member):
-            log_probs, mask = _token_log_probs(member, batch)
-        per_model.append(log_probs)
-    if len(per_model) > 1:
-        log_probs = torch.log_softmax(mean_logits(per_model), -1)
-    picked = log_probs.gather(1, batch.tgt_out[mask][:, None]).squeeze(1).double()  # (N,)
+            hidden, mask = _real_token_states(member, batch)
+        states.append(hidden)
+    targets = batch.tgt_out[mask]  # (N,)
+    picked = torch.cat([log_probs.gather(1, targets[rows, None]).squeeze(1)
+                        for rows, log_probs in _log_prob_chunks(members(model), states)])
     rows = torch.arange(mask.shape[0], device=mask.device)[:, None].expand_as(mask)[mask]
     return torch.zeros(mask.shape[0], dtype=torch.float64,
-                       device=mask.device).index_add_(0, rows, picked)
+                       device=mask.device).index_add_(0, rows, picked.double())
 
 
 @dataclass

@@ -237,7 +237,8 @@ class TrainerConfig:
     bleu_max_sentences: int | None = None
     """Decode only the first N validation sentences for BLEU; null: all."""
     decode_max_tokens: int | None = None
-    """Source tokens per decoding batch at validation; null: data.max_tokens's."""
+    """Source tokens per decoding batch at validation; null: data.max_tokens's, shared by the
+    batches searched at once (one per CPU thread)."""
     decode_max_len_a: float = 1.5
     """Validation's translations have at most `a * source length + b` tokens: a."""
     decode_max_len_b: int = 10

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import sacrebleu
 import torch
 
-from ..decoding.corpus import search_corpus
+from ..decoding.corpus import parallel_searches, search_corpus
 from ..decoding.request import DecodingRequest
 from ..model.cache import release_cache_buffers
 from ..model.loss import evaluate_loss
@@ -88,12 +88,17 @@ def _validate_set(model: Transformer, data: Data, cfg: TrainConfig, name: str,
 
 def _translate(model: Transformer, data: Data, cfg: TrainConfig, corpus) -> list[str]:
     """Greedy translations of the first `trainer.bleu_max_sentences` sentences of a
-    validation set, detokenized, in file order (the set's tags in front of each source)."""
+    validation set, detokenized, in file order (the set's tags in front of each source).
+    Batches of `trainer.decode_max_tokens` source tokens; by default the training batch's
+    `data.max_tokens` shared by the batches searched at once (one per CPU thread): each
+    search holds its decoding caches, so that validation holds no more than one batch of
+    training's size would, whatever the threads."""
     t = cfg.trainer
     n = min(len(corpus), t.bleu_max_sentences or len(corpus))
     sources = [corpus.pair(i)[0] + [model.config.eos_id] for i in range(n)]
     request = replace(DecodingRequest(), beam_size=1, max_len_a=t.decode_max_len_a,
                       max_len_b=t.decode_max_len_b)  # greedy, as the trainer config says
-    hyps = search_corpus(model, sources, request,
-                         max_tokens=t.decode_max_tokens or cfg.data.max_tokens)
+    max_tokens = t.decode_max_tokens or max(
+        1, cfg.data.max_tokens // parallel_searches(model.device))
+    hyps = search_corpus(model, sources, request, max_tokens=max_tokens)
     return [data.tokenizers.tgt.decode(h[0].tokens) for h in hyps]
