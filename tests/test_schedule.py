@@ -201,6 +201,11 @@ def simulated_trainer(cfg, run_dir, seconds, stop_after: int | None = None) -> T
     return trainer
 
 
+def ten_seconds(update: int) -> float:
+    """10 s an update: a budget of 300 s in 30 updates."""
+    return 10.0
+
+
 def slows_down(update: int) -> float:
     """1 s an update for the first 30, then 3 s (a machine three times slower)."""
     return 1.0 if update <= 30 else 3.0
@@ -480,7 +485,7 @@ def test_a_time_budget_measures_the_speed_then_keeps_its_settings_when_resumed(
     assert f"{speed:,.0f} target tokens/s measured" in caplog.text
 
     monkeypatch.setattr(Trainer, "_measure_speed", lambda self, cfg: 1e6)  # 300M tokens
-    first = simulated_trainer(cfg, tmp_path / "b", slows_down, stop_after=40)
+    first = simulated_trainer(cfg, tmp_path / "b", ten_seconds, stop_after=10)
     assert first.fit().stop_reason == "signal"
     first.close()
     large = budget_settings(Budget.of(cfg), first.epoch_tokens, 1e6, model="tiny")
@@ -504,7 +509,7 @@ def test_a_time_budget_measures_the_speed_then_keeps_its_settings_when_resumed(
     older = Trainer(cfg, tmp_path / "older", DistEnv())
     older.close()
     assert older.cfg == first.cfg
-    second = simulated_trainer(cfg, tmp_path / "b", slows_down)
+    second = simulated_trainer(cfg, tmp_path / "b", ten_seconds)
     assert second.budget_settings == large and second.cfg == first.cfg
     assert second.fit().stop_reason == "max_time"
     second.close()
