@@ -183,7 +183,7 @@ def test_validation_shares_the_batch_tokens_between_the_searches_it_runs_at_once
         try:
             with hardware.threads_restored():
                 hardware.set_threads(threads)
-                assert trainer.validate().metrics.bleu >= 0
+                trainer.validate()
         finally:
             trainer.close()
     assert asked == [512, 1024, 300]  # data.max_tokens=1024
