@@ -70,12 +70,13 @@ class TeacherForcedLoss:
     tokens: int
 
 
-def _real_token_states(model: Transformer, batch: Batch) -> tuple[Tensor, Tensor]:
+def _real_tokens(model: Transformer, batch: Batch) -> tuple[Tensor, Tensor]:
     """Feed the reference prefix -> the decoder's last states at the batch's real target
-    tokens (N, d), row-major, and the mask (batch, tgt_len) of those N positions."""
-    mask = batch.tgt_out != model.config.pad_id  # (batch, tgt_len)
+    tokens (N, d) and those tokens (N,), row-major (`Batch.tgt_index`, as the training loss
+    selects them)."""
     hidden = model.hidden_states(batch.src, batch.src_valid_lens, batch.tgt_in)
-    return hidden[mask], mask  # (N, d)
+    return (hidden.flatten(0, 1).index_select(0, batch.tgt_index),
+            batch.tgt_out.flatten().index_select(0, batch.tgt_index))
 
 
 def _log_prob_chunks(models: Sequence[Transformer], states: Sequence[Tensor]
@@ -99,8 +100,7 @@ def _log_prob_chunks(models: Sequence[Transformer], states: Sequence[Tensor]
 def teacher_forced_loss(model: Transformer, batch: Batch) -> TeacherForcedLoss:
     """One batch's summed nll and smoothing term over its real target tokens (the output
     projection on those positions only, a chunk of rows at a time), float64."""
-    hidden, mask = _real_token_states(model, batch)
-    targets = batch.tgt_out[mask]  # (N,)
+    hidden, targets = _real_tokens(model, batch)
     nll = uniform = hidden.new_zeros((), dtype=torch.float64)
     for rows, log_probs in _log_prob_chunks([model], [hidden]):
         nll = nll - log_probs.gather(1, targets[rows, None]).sum().double()
@@ -118,14 +118,13 @@ def sentence_log_probs(model: Transformer | Ensemble, batch: Batch) -> Tensor:
     states = []  # each member's (N target tokens, d)
     for member in members(model):
         with eval_mode(member):
-            hidden, mask = _real_token_states(member, batch)
+            hidden, targets = _real_tokens(member, batch)
         states.append(hidden)
-    targets = batch.tgt_out[mask]  # (N,)
     picked = torch.cat([log_probs.gather(1, targets[rows, None]).squeeze(1)
                         for rows, log_probs in _log_prob_chunks(members(model), states)])
-    rows = torch.arange(mask.shape[0], device=mask.device)[:, None].expand_as(mask)[mask]
-    return torch.zeros(mask.shape[0], dtype=torch.float64,
-                       device=mask.device).index_add_(0, rows, picked.double())
+    pairs, length = batch.tgt_out.shape
+    return torch.zeros(pairs, dtype=torch.float64, device=picked.device).index_add_(
+        0, batch.tgt_index // length, picked.double())  # each token's pair
 
 
 @dataclass
