@@ -7,7 +7,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from transformer.model.blocks import LayerCache
-from transformer.model.cache import BufferPool, StepCache
+from transformer.model.cache import BufferPool, SpareBuffer, StepCache
 from transformer.model.int8 import quantize_int8
 from transformer.model.layers import transpose_linear_weights
 from transformer.model.step import DecoderState
@@ -206,3 +206,42 @@ def test_step_cache_appends_gathers_and_refuses_overflow():
     assert len(pool.kept) == 2
     with pytest.raises(RuntimeError, match="without gradients"):
         DecoderState(make_model().decoder, torch.zeros(1, 2, 32), None, 1, 1)
+
+
+def test_the_layers_caches_pass_one_free_buffer_along():
+    """L layers hold L + 1 buffers: each append writes into the buffer the layer before
+    freed; every buffer is the pool's again after `release`."""
+    pool = BufferPool()
+    spare = SpareBuffer(pool)
+    caches = [StepCache(max_rows=6, max_steps=4, pool=pool, spare=spare) for _ in range(3)]
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        steps = [torch.randn(2, 6, 2, 4, generator=g) for _ in range(4)]
+        for t, kv in enumerate(steps):
+            held = []
+            for cache in caches:
+                keys, values = cache.append(kv)
+                assert torch.equal(keys[:, :, t], kv[0]) and torch.equal(values[:, :, t], kv[1])
+                assert torch.equal(keys[:, :, 0], steps[0][0][[5, 4, 3, 2, 1, 0]]
+                                   if t >= 2 else steps[0][0])  # kept through the reorder
+                held.append(keys.data_ptr())
+                cache.reorder(torch.tensor([5, 4, 3, 2, 1, 0]) if t == 1 else torch.arange(6))
+            assert len(set(held)) == 3  # each layer its own buffer
+        in_use = {cache._buffer.data_ptr() for cache in caches} | {spare._buffer.data_ptr()}
+        assert len(in_use) == 4 and not pool.kept
+        for cache in caches:
+            cache.release()
+        spare.release()
+    assert {b.data_ptr() for b in pool.kept} == in_use
+
+
+def test_a_spare_too_small_for_a_layer_goes_back_to_the_pool():
+    pool = BufferPool()
+    spare = SpareBuffer(pool)
+    with torch.inference_mode():
+        small = torch.empty(10)
+        spare.put(small)
+        taken = spare.take(20, small)
+        assert taken.numel() >= 20 and [b.data_ptr() for b in pool.kept] == [small.data_ptr()]
+        spare.put(taken)
+        assert spare.take(20, small) is taken  # large enough: the spare itself

@@ -1,7 +1,8 @@
 """The decoding caches: keys and values of past steps (`KVCache`; one per attention layer,
 a `blocks.LayerCache` per decoder block; `StepCache`, a decoder self-attention layer's for
-the engine's decoding step, sized for the whole search at its start), and the pool of
-buffers finished caches leave for the next ones (`BufferPool`, `CACHE_BUFFERS`).
+the engine's decoding step, sized for the whole search at its start, its layers passing
+one free buffer along: `SpareBuffer`), and the pool of buffers finished caches leave for
+the next ones (`BufferPool`, `CACHE_BUFFERS`).
 
 A decoder's self-attention cache grows by a step at a time; it is written, with the rows
 beam search kept, into a second preallocated buffer at each step (one copy per step, however
@@ -21,7 +22,8 @@ from torch import Tensor
 
 from .. import hardware
 
-__all__ = ["BufferPool", "CACHE_BUFFERS", "release_cache_buffers", "KVCache", "StepCache"]
+__all__ = ["BufferPool", "CACHE_BUFFERS", "release_cache_buffers", "KVCache", "SpareBuffer",
+           "StepCache"]
 
 
 class BufferPool:
@@ -203,24 +205,65 @@ def _prefix(buffer: Tensor, shape: tuple[int, ...]) -> Tensor:
     return buffer[:math.prod(shape)].view(shape)
 
 
+class SpareBuffer:
+    """The one free buffer the `StepCache`s of a decoder's layers pass along within a step.
+
+    Each append writes a layer's cache into a free buffer, and the buffer it held before is
+    free from then on: the next layer's append writes into that one. A decoder of L layers
+    then holds L + 1 buffers, where a spare per layer would make 2L, with the same copies
+    (`step.DecoderState` makes one for its layers; a layer with more heads than the spare
+    holds takes a larger buffer from the pool)."""
+
+    def __init__(self, pool: BufferPool = CACHE_BUFFERS):
+        self.pool = pool
+        self._buffer: Tensor | None = None
+
+    def take(self, numel: int, like: Tensor) -> Tensor:
+        """A free flat buffer of at least `numel` elements of `like`'s dtype: the spare,
+        else one from the pool (a spare too small goes back to the pool)."""
+        buffer, self._buffer = self._buffer, None
+        if buffer is not None and buffer.numel() >= numel and buffer.dtype == like.dtype:
+            return buffer
+        if buffer is not None:
+            self.pool.give([buffer])
+        return self.pool.take(numel, like)
+
+    def put(self, freed: Tensor) -> None:
+        """`freed`, a buffer no one reads any more, becomes the spare."""
+        if self._buffer is not None:
+            self.pool.give([self._buffer])
+        self._buffer = freed
+
+    def release(self) -> None:
+        """Give the spare to the pool."""
+        if self._buffer is not None:
+            self.pool.give([self._buffer])
+        self._buffer = None
+
+
 class StepCache:
     """A decoder self-attention layer's keys and values for the engine's decoding step
     (`step.DecoderState`): what `KVCache` holds, in fewer operators per step.
 
     Keys and values share one buffer: each append writes the cached steps (the rows a reorder
-    kept: one `index_select` for keys and values) and then the new step (one copy) into the
-    second buffer, as one contiguous (2, rows, heads, steps, head_dim) tensor, which becomes
-    the current one; keys and values are its two halves, each row's steps contiguous, the
-    layout batched matrix products read fastest. Both buffers are sized when the search
-    starts for its most rows and steps (`max_rows`, `max_steps`) and taken from `pool`, so no
-    step allocates; `release` gives them back.
+    kept: one `index_select` for keys and values) and then the new step (one copy) into a
+    free buffer (`spare`'s), as one contiguous (2, rows, heads, steps, head_dim) tensor,
+    which becomes the current one; the buffer it replaces becomes the spare. Keys and
+    values are its two halves, each row's steps contiguous, the layout batched matrix
+    products read fastest. Buffers are sized when the search starts for its most rows and
+    steps (`max_rows`, `max_steps`) and taken from `pool`, so no step allocates; `release`
+    gives them back. `spare`: the `SpareBuffer` the caches of a decoder's layers share
+    (None: a spare of its own, which `release` gives back too).
     """
 
-    def __init__(self, max_rows: int, max_steps: int, pool: BufferPool = CACHE_BUFFERS):
+    def __init__(self, max_rows: int, max_steps: int, pool: BufferPool = CACHE_BUFFERS,
+                 spare: SpareBuffer | None = None):
         self.max_rows, self.max_steps, self.pool = max_rows, max_steps, pool
         self.length = 0  # steps cached
+        self._own_spare = spare is None
+        self.spare = SpareBuffer(pool) if spare is None else spare
         self._current: Tensor | None = None  # (2, rows, heads, steps, head_dim)
-        self._buffers: list[Tensor] = []  # [the current one's flat buffer, the other]
+        self._buffer: Tensor | None = None  # the current one's flat buffer
         self._kept: Tensor | None = None  # rows a reorder kept, not yet gathered
 
     def append(self, kv: Tensor) -> tuple[Tensor, Tensor]:
@@ -230,16 +273,15 @@ class StepCache:
         if rows > self.max_rows or self.length >= self.max_steps:
             raise ValueError(f"a StepCache of {self.max_rows} rows and {self.max_steps} steps "
                              f"cannot take a step of {rows} rows after {self.length}")
-        if not self._buffers:
-            numel = 2 * self.max_rows * heads * self.max_steps * head_dim
-            self._buffers = [self.pool.take(numel, kv) for _ in range(2)]
         t = self.length
-        out = _prefix(self._buffers[1], (2, rows, heads, t + 1, head_dim))
+        buffer = self.spare.take(2 * self.max_rows * heads * self.max_steps * head_dim, kv)
+        out = _prefix(buffer, (2, rows, heads, t + 1, head_dim))
         if self._current is not None:
             _gather(self._current, self._kept, out.narrow(3, 0, t), dim=1)
         out.select(3, t).copy_(kv)
-        self._buffers.reverse()
-        self._current, self._kept, self.length = out, None, t + 1
+        if self._buffer is not None:
+            self.spare.put(self._buffer)  # the replaced buffer: free from now on
+        self._buffer, self._current, self._kept, self.length = buffer, out, None, t + 1
         return out.unbind()
 
     def reorder(self, index: Tensor) -> None:
@@ -249,7 +291,11 @@ class StepCache:
             self._kept = index if self._kept is None else self._kept.index_select(0, index)
 
     def release(self) -> None:
-        """Empty the cache and give its buffers to `pool` for the next search."""
-        self.pool.give(self._buffers)
-        self._buffers, self._current, self._kept = [], None, None
+        """Empty the cache and give its buffer (and a spare of its own) to `pool` for the
+        next search."""
+        if self._buffer is not None:
+            self.pool.give([self._buffer])
+        if self._own_spare:
+            self.spare.release()
+        self._buffer, self._current, self._kept = None, None, None
         self.length = 0

@@ -9,7 +9,8 @@ same, bit for bit (the tests compare the two), in fewer:
 - the rows are 2-D, (rows, num_hiddens): no views around each product;
 - a self-attention layer's keys and values share one cache (`cache.StepCache`), its
   buffers sized for the whole search: one gather of the rows beam search kept and one copy
-  of the new step, for keys and values together;
+  of the new step, for keys and values together, into the buffer the layer before just
+  freed (`cache.SpareBuffer`: L + 1 buffers for L layers);
 - the encoder-decoder keys and values are projected once, when the search starts, and the
   source's padding mask is made once (None where no source is padded);
 - a step's embeddings are the embedding's rows gathered along its contiguous axis (a tied
@@ -36,7 +37,7 @@ from torch.nn import functional as F
 from . import kernels
 from .attention import MultiHeadAttention, _split_heads
 from .blocks import DecoderBlock, LayerCache
-from .cache import StepCache
+from .cache import SpareBuffer, StepCache
 from .int8 import joined_int8
 from .layers import Linear, linear, may_take_onednn
 from .masks import key_padding_mask
@@ -241,7 +242,9 @@ class DecoderState:
         if enc_valid_lens is not None and bool((enc_valid_lens < src_len).any()):
             self.memory_mask = key_padding_mask(enc_valid_lens, src_len)[:, None, None, :]
         self.blocks = [_BlockStep(block) for block in decoder.blks]
-        self.caches = [StepCache(max_rows, max_steps) for _ in decoder.blks]
+        self.spare = SpareBuffer()  # the layers' caches pass one free buffer along
+        self.caches = [StepCache(max_rows, max_steps, spare=self.spare)
+                       for _ in decoder.blks]
         self.memory = [_memory(block.attention2, enc_outputs) for block in decoder.blks]
         self._inputs, self._final_ln = _step_inputs(decoder), _direct(decoder.final_ln)
 
@@ -284,3 +287,5 @@ class DecoderState:
         """Give the caches' buffers back for the next search."""
         for cache in self._layer_caches or self.caches:
             cache.release()
+        if self._layer_caches is None:
+            self.spare.release()
