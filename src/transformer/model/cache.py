@@ -230,8 +230,7 @@ class SpareBuffer:
 
     def put(self, freed: Tensor) -> None:
         """`freed`, a buffer no one reads any more, becomes the spare."""
-        if self._buffer is not None:
-            self.pool.give([self._buffer])
+        self.release()
         self._buffer = freed
 
     def release(self) -> None:
