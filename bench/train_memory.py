@@ -2,7 +2,8 @@
 
     python bench/train_memory.py --data-root DIR [--max-time 120 | --max-updates N]
                                  [--out runs/memory]
-                                 [--arms system_1024 system jemalloc_default jemalloc tcmalloc]
+                                 [--arms system_1024 system jemalloc_default
+                                         jemalloc_ideep_1024 jemalloc tcmalloc]
 
 Each arm runs the README's command, `transformer train data.root=DIR
 trainer.max_time=SECONDS` (the Multi30k recipe under a time budget; with `--max-updates`,
@@ -16,7 +17,11 @@ trained from the last line of its log:
                     (`TRANSFORMER_ALLOCATOR=system`)
   jemalloc_default  libjemalloc.so.2 preloaded with jemalloc's own settings (`MALLOC_CONF`
                     empty), the table's cache
-  jemalloc          libjemalloc.so.2 preloaded, the table's cache and `jemalloc_conf` (what
+  jemalloc_ideep_1024
+                    libjemalloc.so.2 preloaded with the table's settings, but PyTorch's
+                    oneDNN bridge (ideep) keeping its default 1,024 computations
+                    (`LRU_CACHE_CAPACITY`) where the table keeps `ideep_cache`
+  jemalloc          libjemalloc.so.2 preloaded, the table's caches and `jemalloc_conf` (what
                     `transformer train` does where it finds jemalloc)
   tcmalloc          libtcmalloc_minimal.so.4 preloaded, the table's cache
 
@@ -44,9 +49,14 @@ from timing import cpu_description
 
 from transformer.runtime import find_allocator
 
-ARMS = ("system_1024", "system", "jemalloc_default", "jemalloc", "tcmalloc")
-LIBRARIES = {"jemalloc_default": "libjemalloc.so.2", "jemalloc": "libjemalloc.so.2",
-             "tcmalloc": "libtcmalloc_minimal.so.4"}
+ARMS = ("system_1024", "system", "jemalloc_default", "jemalloc_ideep_1024", "jemalloc",
+        "tcmalloc")
+LIBRARIES = {"jemalloc_default": "libjemalloc.so.2", "jemalloc_ideep_1024": "libjemalloc.so.2",
+             "jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc_minimal.so.4"}
+# What the training environment sets (`runtime.training_environment`): an arm starts without
+# them, so each arm's own values or the package's apply.
+TRAINING_VARIABLES = ("LD_PRELOAD", "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY",
+                      "MALLOC_CONF")
 STOPPED = re.compile(r"stopped \(\w+\) in epoch \d+ after ([\d,]+) updates \(([\d,]+) target "
                      r"tokens\), (\d+) s;.*peak resident memory ([\d.]+) GiB")
 
@@ -61,7 +71,8 @@ def arm_environment(arm: str) -> dict[str, str] | None:
     if found is None:
         return None
     return {"TRANSFORMER_ALLOCATOR": found,
-            **({"MALLOC_CONF": ""} if arm == "jemalloc_default" else {})}
+            **({"MALLOC_CONF": ""} if arm == "jemalloc_default" else {}),
+            **({"LRU_CACHE_CAPACITY": "1024"} if arm == "jemalloc_ideep_1024" else {})}
 
 
 def run_arm(arm: str, env: dict[str, str], args: argparse.Namespace) -> dict[str, float]:
@@ -75,8 +86,7 @@ def run_arm(arm: str, env: dict[str, str], args: argparse.Namespace) -> dict[str
                budget, f"hydra.run.dir={run_dir}"]
     print("+", " ".join(f"{k}={v}" for k, v in env.items()), " ".join(command[1:]),
           flush=True)
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("LD_PRELOAD", "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "MALLOC_CONF")}
+    base = {k: v for k, v in os.environ.items() if k not in TRAINING_VARIABLES}
     done = subprocess.run(command, env={**base, **env}, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{arm}: transformer train failed:\n{done.stderr[-2000:]}")
@@ -115,11 +125,11 @@ def main() -> None:
         return
     first = results[0][1]
     first_speed = first["tokens"] / first["seconds"]
-    print(f"\n{'arm':<16} {'peak GiB':>8} {'updates':>8} {'tokens/s':>9} {'memory':>7} "
+    print(f"\n{'arm':<20} {'peak GiB':>8} {'updates':>8} {'tokens/s':>9} {'memory':>7} "
           f"{'speed':>6}")
     for arm, r in results:
         speed = r["tokens"] / r["seconds"]
-        print(f"{arm:<16} {r['peak_gib']:>8.2f} {r['updates']:>8,} {speed:>9,.0f} "
+        print(f"{arm:<20} {r['peak_gib']:>8.2f} {r['updates']:>8,} {speed:>9,.0f} "
               f"{r['peak_gib'] / first['peak_gib']:>6.2f}x {speed / first_speed:>5.2f}x")
 
 

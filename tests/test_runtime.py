@@ -160,13 +160,16 @@ def test_training_environment_preloads_the_allocator_and_sizes_onednns_cache(tmp
     assert env == {"PATH": "/bin", "LD_PRELOAD": str(library),
                    "ONEDNN_PRIMITIVE_CACHE_CAPACITY":
                        str(hardware.TUNING.onednn_primitive_cache),
+                   "LRU_CACHE_CAPACITY": str(hardware.TUNING.ideep_cache),
                    "MALLOC_CONF": hardware.TUNING.jemalloc_conf}
     # what the user set is kept; a library preloaded already is not added twice
     env = training_environment({"LD_PRELOAD": "/x/liba.so:" + str(library),
                                 "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024",
+                                "LRU_CACHE_CAPACITY": "1024",
                                 "MALLOC_CONF": "narenas:1"}, str(library))
     assert env == {"LD_PRELOAD": "/x/liba.so:" + str(library),
-                   "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024", "MALLOC_CONF": "narenas:1"}
+                   "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024", "LRU_CACHE_CAPACITY": "1024",
+                   "MALLOC_CONF": "narenas:1"}
     assert training_environment({"LD_PRELOAD": "/x/liba.so"}, str(library))["LD_PRELOAD"] \
         == f"/x/liba.so {library}"
     assert "LD_PRELOAD" not in training_environment({}, None)  # none found: the system's
@@ -178,6 +181,40 @@ def test_training_environment_preloads_the_allocator_and_sizes_onednns_cache(tmp
     assert env["LD_PRELOAD"] == str(chosen) and "MALLOC_CONF" not in env  # jemalloc's only
     with pytest.raises(ConfigError, match=r"^TRANSFORMER_ALLOCATOR=/no/lib.so: no such "):
         training_environment({"TRANSFORMER_ALLOCATOR": "/no/lib.so"}, str(library))
+
+
+_NEW_SHAPES = """
+import torch
+def resident_mib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS:"))
+W = torch.randn(384, 128, dtype=torch.bfloat16)
+torch.randn(300, 128, dtype=torch.bfloat16) @ W.t()
+start = resident_mib()
+for rows in range(301, 601):  # bf16 products of 300 shapes, each new
+    torch.randn(rows, 128, dtype=torch.bfloat16) @ W.t()
+print(resident_mib() - start)
+"""
+
+
+@pytest.mark.skipif(not hardware.cpu_has_native_bf16(),
+                    reason="bf16 products go through oneDNN on CPUs with native bf16 only")
+def test_the_training_environment_bounds_the_memory_of_new_bf16_shapes():
+    """Under the training environment's `ideep_cache`, a process that multiplies bf16
+    matrices of a new shape each time (training's products under autocast: each batch
+    has its own rows) grows by less than half of what PyTorch's default cache of 1,024
+    computations keeps: `LRU_CACHE_CAPACITY` is the variable PyTorch reads."""
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("LD_PRELOAD", "LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
+    env = training_environment(environ, None)
+    growth = {}
+    for cache in (env["LRU_CACHE_CAPACITY"], "1024"):
+        done = subprocess.run([sys.executable, "-c", _NEW_SHAPES],
+                              env={**env, "LRU_CACHE_CAPACITY": cache},
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        growth[cache] = int(done.stdout)
+    assert growth[env["LRU_CACHE_CAPACITY"]] < growth["1024"] / 2, growth
 
 
 def _train_log(tmp_path: Path, data: Path, spm: Path, **env: str) -> str:

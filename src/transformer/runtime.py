@@ -193,6 +193,7 @@ LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr
                 "/usr/lib", "/usr/local/lib")
 ALLOCATOR_VARIABLE = "TRANSFORMER_ALLOCATOR"  # "auto" (default), "system", or a library
 ONEDNN_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+IDEEP_CACHE_VARIABLE = "LRU_CACHE_CAPACITY"  # PyTorch's oneDNN bridge (ideep) reads it
 JEMALLOC_VARIABLE = "MALLOC_CONF"  # jemalloc's settings (other allocators ignore it)
 
 
@@ -216,13 +217,16 @@ def training_environment(environ: Mapping[str, str], found: str | None) -> dict[
     `found` preloaded (`LD_PRELOAD`) and oneDNN's primitive cache at the tuning table's
     `onednn_primitive_cache` entries. Each training step multiplies matrices of new shapes,
     and oneDNN compiles and keeps a primitive per shape (1,024 by default): a smaller cache
-    holds less and lets the allocator reuse more. Under jemalloc, its settings are the
-    table's `jemalloc_conf`: the pages it hands back lazily stay mapped, where by default
-    every step's tensors fault in pages it has just unmapped. A variable the user set is
-    kept; `TRANSFORMER_ALLOCATOR=system` keeps the system's malloc, `=PATH` preloads that
-    library (a missing one is a `ConfigError`)."""
+    holds less and lets the allocator reuse more. PyTorch's bridge to oneDNN (ideep) keeps
+    a cache of its own per shape (`LRU_CACHE_CAPACITY`, 1,024 by default: under bf16
+    autocast hundreds of MB that make no step faster), at the table's `ideep_cache`. Under
+    jemalloc, its settings are the table's `jemalloc_conf`: the pages it hands back lazily
+    stay mapped, where by default every step's tensors fault in pages it has just unmapped.
+    A variable the user set is kept; `TRANSFORMER_ALLOCATOR=system` keeps the system's
+    malloc, `=PATH` preloads that library (a missing one is a `ConfigError`)."""
     env = dict(environ)
     env.setdefault(ONEDNN_CACHE_VARIABLE, str(hardware.TUNING.onednn_primitive_cache))
+    env.setdefault(IDEEP_CACHE_VARIABLE, str(hardware.TUNING.ideep_cache))
     choice = env.get(ALLOCATOR_VARIABLE, "auto")
     if choice == "system":
         return env
