@@ -47,7 +47,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from timing import cpu_description
 
-from transformer.runtime import find_allocator
+from transformer.runtime import (
+    IDEEP_CACHE_VARIABLE,
+    JEMALLOC_VARIABLE,
+    ONEDNN_CACHE_VARIABLE,
+    find_allocator,
+)
 
 ARMS = ("system_1024", "system", "jemalloc_default", "jemalloc_ideep_1024", "jemalloc",
         "tcmalloc")
@@ -55,8 +60,8 @@ LIBRARIES = {"jemalloc_default": "libjemalloc.so.2", "jemalloc_ideep_1024": "lib
              "jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc_minimal.so.4"}
 # What the training environment sets (`runtime.training_environment`): an arm starts without
 # them, so each arm's own values or the package's apply.
-TRAINING_VARIABLES = ("LD_PRELOAD", "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY",
-                      "MALLOC_CONF")
+TRAINING_VARIABLES = ("LD_PRELOAD", ONEDNN_CACHE_VARIABLE, IDEEP_CACHE_VARIABLE,
+                      JEMALLOC_VARIABLE)
 STOPPED = re.compile(r"stopped \(\w+\) in epoch \d+ after ([\d,]+) updates \(([\d,]+) target "
                      r"tokens\), (\d+) s;.*peak resident memory ([\d.]+) GiB")
 
@@ -64,15 +69,15 @@ STOPPED = re.compile(r"stopped \(\w+\) in epoch \d+ after ([\d,]+) updates \(([\
 def arm_environment(arm: str) -> dict[str, str] | None:
     """The variables arm `arm` adds to the environment, None where its library is missing."""
     if arm == "system_1024":
-        return {"TRANSFORMER_ALLOCATOR": "system", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}
+        return {"TRANSFORMER_ALLOCATOR": "system", ONEDNN_CACHE_VARIABLE: "1024"}
     if arm == "system":
         return {"TRANSFORMER_ALLOCATOR": "system"}
     found = find_allocator(names=(LIBRARIES[arm],))
     if found is None:
         return None
     return {"TRANSFORMER_ALLOCATOR": found,
-            **({"MALLOC_CONF": ""} if arm == "jemalloc_default" else {}),
-            **({"LRU_CACHE_CAPACITY": "1024"} if arm == "jemalloc_ideep_1024" else {})}
+            **({JEMALLOC_VARIABLE: ""} if arm == "jemalloc_default" else {}),
+            **({IDEEP_CACHE_VARIABLE: "1024"} if arm == "jemalloc_ideep_1024" else {})}
 
 
 def run_arm(arm: str, env: dict[str, str], args: argparse.Namespace) -> dict[str, float]:
