@@ -51,6 +51,24 @@ def test_the_output_projections_few_rows_take_onednn_where_mkls_kernels_are_slow
     assert hardware.float32_onednn_rows(hardware.float32_library()) == range(0)
 
 
+@pytest.mark.parametrize("vendor, capability, mkl, rows", [
+    ("GenuineIntel", "AVX512", True, range(0)), ("AuthenticAMD", "AVX2", True, range(0)),
+    ("AuthenticAMD", "AVX512", True, range(1, 64)), ("AuthenticAMD", "AVX512", False, range(0)),
+    (None, "AVX512", True, range(0))])
+def test_a_narrow_products_few_rows_take_mkl_on_amds_avx512_cpus(vendor, capability, mkl, rows,
+                                                                 monkeypatch):
+    """Where oneDNN multiplies float32 on an AMD CPU and PyTorch has MKL, the narrow products'
+    1-63 rows go to MKL's BLAS; nowhere else (MKL takes every product where it is the
+    library; a CPU of unknown vendor keeps oneDNN), and nowhere in a build without oneDNN."""
+    monkeypatch.setattr(hardware, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
+    if torch.backends.mkldnn.is_available():
+        assert hardware.float32_blas_rows(hardware.float32_library()) == rows
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert hardware.float32_blas_rows(hardware.float32_library()) == range(0)
+
+
 def test_cpu_info_reads_the_first_processors_field_by_its_whole_name(tmp_path):
     """/proc/cpuinfo lists "model" before "model name": each is found by its own name, in
     the first processor's block only; a missing field or file is None."""
@@ -117,10 +135,11 @@ def test_the_table_is_detected_once_with_what_depends_on_this_machine():
                                            and torch.backends.mkl.is_available())
     assert detected.float32_onednn_rows == hardware.float32_onednn_rows(
         detected.float32_library)
+    assert detected.float32_blas_rows == hardware.float32_blas_rows(detected.float32_library)
     defaults = hardware.Tuning()
     same = {f.name for f in dataclasses.fields(defaults)} - {
         "float32_library", "int8_onednn", "transposed_weights", "fused_attention_max_queries",
-        "float32_onednn_rows"}
+        "float32_onednn_rows", "float32_blas_rows"}
     assert all(getattr(detected, name) == getattr(defaults, name) for name in same)
 
 

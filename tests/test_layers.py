@@ -33,7 +33,7 @@ def test_linear_multiplies_float32_inference_through_the_library_chosen(library,
     """Whichever library the tuning table's `float32_library` names (forced here), `Linear`
     computes `F.linear` in inference (within float32 rounding), through oneDNN's operator for
     "onednn" only; with gradients it is `F.linear` itself, exactly."""
-    tuning(float32_library=library)
+    tuning(float32_library=library, float32_blas_rows=range(0), float32_onednn_rows=range(0))
     torch.manual_seed(0)
     layer, x = Linear(64, 96), torch.randn(5, 7, 64)
     with torch.no_grad():
@@ -76,6 +76,29 @@ def test_linear_sends_a_wide_products_few_rows_to_onednn_where_the_table_says(tu
     assert not may_take_onednn(wide.weight)
     tuning(float32_library="onednn")
     assert may_take_onednn(narrow.weight)
+
+
+def test_linear_sends_a_narrow_products_few_rows_to_mkl_where_the_table_says(tuning):
+    """Where oneDNN is the float32 library, `linear` multiplies through MKL's BLAS
+    (`F.linear`) a product with fewer than `float32_onednn_min_outputs` outputs whose rows
+    are in `float32_blas_rows`; other row counts and wide products (at any rows) take
+    oneDNN, and the results equal `F.linear` within float32 rounding. The decoding step
+    keeps calling `linear` for every weight (`may_take_onednn`)."""
+    tuning(float32_library="onednn", float32_onednn_min_outputs=96,
+           float32_blas_rows=range(1, 5))
+    torch.manual_seed(0)
+    wide, narrow = Linear(64, 96), Linear(64, 95)
+    assert may_take_onednn(wide.weight) and may_take_onednn(narrow.weight)
+    for shape, narrow_onednn in [((1, 64), False), ((4, 64), False), ((2, 2, 64), False),
+                                 ((5, 64), True), ((3, 2, 64), True), ((40, 64), True)]:
+        x = torch.randn(shape)
+        for layer, onednn in ((wide, True), (narrow, narrow_onednn)):
+            with torch.no_grad():
+                out = layer(x)
+                names = operators(lambda layer=layer, x=x: layer(x))
+            assert ("mkldnn::_linear_pointwise" in names) == onednn, (shape, layer)
+            torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias),
+                                       rtol=1e-5, atol=1e-5)
 
 
 def test_transposed_weights_keep_the_parameters_and_what_the_model_computes(tuning):

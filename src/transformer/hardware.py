@@ -107,6 +107,19 @@ def float32_onednn_rows(library: str) -> range:
     return range(0)
 
 
+def float32_blas_rows(library: str) -> range:
+    """The rows of a narrow float32 product (every one but the output projection) that
+    MKL's BLAS multiplies faster than oneDNN where oneDNN is the library: on AMD's AVX-512
+    CPUs oneDNN's call costs 10-15 us more than MKL's at the 128-feature products of a
+    decoding step's few rows, where MKL's AVX2 kernels take 6-14 us, and from a few dozen
+    rows the two are as fast (Zen 4) or oneDNN's AVX-512 kernels faster (Zen 5); none
+    elsewhere (no MKL there, or MKL the library)."""
+    if (library == "onednn" and torch.backends.mkl.is_available()
+            and cpu_vendor() == "AuthenticAMD"):
+        return range(1, 64)
+    return range(0)
+
+
 def cpu_avx2_only() -> bool:
     """Whether PyTorch's kernels run AVX2 code on this CPU and no wider (an x86 CPU without
     AVX-512, or one held to AVX2 by ATEN_CPU_CAPABILITY): kernels' relative costs differ
@@ -157,6 +170,7 @@ class Tuning:
     transposed_weights: bool = False
     float32_onednn_min_outputs: int = 2048
     float32_onednn_rows: range = range(0)
+    float32_blas_rows: range = range(0)
     int8_onednn: bool = False
     int8_max_outputs: int = 2 ** 19
     int8_onednn_min_outputs: int = 2048
@@ -238,6 +252,15 @@ MEASURED = {
         "rows on), none elsewhere; detected from the CPU's vendor and the float32 library",
         "AMD EPYC Zen 3 (AVX2)",
         f"{_TUNING} > The output projection's few rows through oneDNN"),
+    "float32_blas_rows": Measured(
+        "the rows of a narrow float32 inference product (fewer outputs than "
+        "`float32_onednn_min_outputs`) multiplied by MKL's BLAS where oneDNN is the float32 "
+        "library: 1 to 63 on AMD's AVX-512 CPUs, where oneDNN's call costs more at a few rows "
+        "(5 rows x 128 -> 128, 1 thread: MKL 3x faster on a Zen 4 and a Zen 5; 40 rows "
+        "1.3-1.7x; from 150 rows as fast on the Zen 4, oneDNN 1.4-2x faster on the Zen 5), "
+        "none elsewhere; detected from the CPU's vendor, MKL and the float32 library",
+        "AMD EPYC Zen 4 (AVX512-BF16), Zen 5",
+        f"{_TUNING} > The float32 library by CPU vendor and vector width"),
     "int8_onednn": Measured(
         "whether int8's wide layers can run oneDNN's kernels: PyTorch's build has the "
         "oneDNN quantized engine; detected", "every CPU",
@@ -322,6 +345,7 @@ def detect_tuning() -> Tuning:
                   float32_library=library,
                   transposed_weights=library == "blas" and torch.backends.mkl.is_available(),
                   float32_onednn_rows=float32_onednn_rows(library),
+                  float32_blas_rows=float32_blas_rows(library),
                   int8_onednn="onednn" in torch.backends.quantized.supported_engines)
 
 

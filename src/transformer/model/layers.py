@@ -5,8 +5,9 @@
   oneDNN (`torch.ops.mkldnn._linear_pointwise`), which picks its kernels by the CPU's
   instruction set, or the BLAS `F.linear` calls (MKL's sgemm), whose AVX-512 kernels run on
   Intel's CPUs only; where MKL is the library on a CPU not Intel's, the output projection's
-  few rows go to oneDNN (`float32_onednn_rows`). Training, autocast and other devices take
-  `F.linear`.
+  few rows go to oneDNN (`float32_onednn_rows`), and where oneDNN is the library on an AMD
+  CPU, the other products' few rows go to MKL (`float32_blas_rows`). Training, autocast and
+  other devices take `F.linear`.
   `transpose_linear_weights` stores a loaded translator's weights in the layout MKL
   multiplies a decoding step's few rows fastest.
 - `Dropout`: `nn.Dropout` with a cheaper random mask on CPU: `torch.bernoulli_` draws a float
@@ -42,15 +43,20 @@ __all__ = ["Dropout", "Linear", "linear", "may_take_onednn", "transpose_linear_w
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """`F.linear(x, weight, bias)`, through oneDNN for float32 inference on CPU where the
-    tuning table says so: every product where its `float32_library` is "onednn"; where
-    not, a wide one (at least `float32_onednn_min_outputs` outputs: the output projection)
-    whose rows (x's leading dimensions) are in `float32_onednn_rows`, a decoding step's few
-    rows on CPUs where MKL's kernels for them are slow. The cheap tests come first: every
-    linear layer's call runs them."""
+    tuning table says so. Where its `float32_library` is "onednn": every wide product (at
+    least `float32_onednn_min_outputs` outputs: the output projection), and a narrow one
+    unless its rows (x's leading dimensions) are in `float32_blas_rows`, a decoding step's
+    few rows on CPUs where oneDNN's call costs more than MKL's. Where not: a wide product
+    whose rows are in `float32_onednn_rows`, a decoding step's few rows on CPUs where MKL's
+    kernels for them are slow. The cheap tests come first: every linear layer's call runs
+    them."""
     tuning = hardware.TUNING
-    if ((tuning.float32_library == "onednn"
-         or (_wide(weight) and x.numel() // max(x.shape[-1], 1) in tuning.float32_onednn_rows))
-            and _float32_inference_on_cpu(x, weight, bias)):
+    rows = x.numel() // max(x.shape[-1], 1)
+    if _wide(weight):
+        onednn = tuning.float32_library == "onednn" or rows in tuning.float32_onednn_rows
+    else:
+        onednn = tuning.float32_library == "onednn" and rows not in tuning.float32_blas_rows
+    if onednn and _float32_inference_on_cpu(x, weight, bias):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
