@@ -7,7 +7,8 @@
   Intel's CPUs only; where MKL is the library on a CPU not Intel's, the output projection's
   few rows go to oneDNN (`float32_onednn_rows`), and where oneDNN is the library on an AMD
   CPU, the other products' few rows go to MKL (`float32_blas_rows`). Training, autocast and
-  other devices take `F.linear`.
+  other devices take `F.linear`. oneDNN reads a wide weight from a copy packed into its
+  layout once (`_packed_for_onednn`).
   `transpose_linear_weights` stores a loaded translator's weights in the layout MKL
   multiplies a decoding step's few rows fastest.
 - `Dropout`: `nn.Dropout` with a cheaper random mask on CPU: `torch.bernoulli_` draws a float
@@ -34,6 +35,7 @@ import sys
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import hardware
 
@@ -57,8 +59,32 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     else:
         onednn = tuning.float32_library == "onednn" and rows not in tuning.float32_blas_rows
     if onednn and _float32_inference_on_cpu(x, weight, bias):
+        if rows > 1 and _wide(weight):
+            weight = _packed_for_onednn(weight)
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
+
+
+# a wide weight (by identity) -> (its storage and version when packed, oneDNN's packed copy)
+_PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _packed_for_onednn(weight: Tensor) -> Tensor:
+    """`weight` in the blocked layout oneDNN's kernels read, kept while the weight lives and
+    stays the same (its storage and its version: an in-place change repacks it).
+
+    Given a plain weight, oneDNN's linear operator reorders it at every call, and for the
+    output projection (V x d) that costs more than a decoding step's few rows of products;
+    packed once, the products are the same bit for bit from 2 rows on (at 1 row oneDNN takes
+    another kernel for the plain weight, whose sums differ, so `linear` keeps that one). The
+    copy costs the weight's size in memory."""
+    key = (weight.data_ptr(), weight._version)
+    kept = _PACKED.get(weight)
+    if kept is not None and kept[:2] == key:
+        return kept[2]
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+    _PACKED[weight] = (*key, packed)
+    return packed
 
 
 def may_take_onednn(weight: Tensor) -> bool:
