@@ -135,6 +135,10 @@ def test_a_wide_weight_is_packed_for_onednn_once_and_again_when_it_changes(tunin
     layer = None  # the weight goes
     gc.collect()
     assert len(layers._PACKED) == kept - 1
+    with torch.inference_mode():  # a weight without a version: never packed
+        layer = Linear(64, 96)
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+        assert layer.weight not in layers._PACKED
 
 
 def test_transposed_weights_keep_the_parameters_and_what_the_model_computes(tuning):

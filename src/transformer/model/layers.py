@@ -59,7 +59,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     else:
         onednn = tuning.float32_library == "onednn" and rows not in tuning.float32_blas_rows
     if onednn and _float32_inference_on_cpu(x, weight, bias):
-        if rows > 1 and _wide(weight):
+        if rows > 1 and _wide(weight) and not weight.is_inference():
             weight = _packed_for_onednn(weight)
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
@@ -77,7 +77,8 @@ def _packed_for_onednn(weight: Tensor) -> Tensor:
     output projection (V x d) that costs more than a decoding step's few rows of products;
     packed once, the products are the same bit for bit from 2 rows on (at 1 row oneDNN takes
     another kernel for the plain weight, whose sums differ, so `linear` keeps that one). The
-    copy costs the weight's size in memory."""
+    copy costs the weight's size in memory. A weight made under `torch.inference_mode` has
+    no version to check, and `linear` gives oneDNN the plain one."""
     key = (weight.data_ptr(), weight._version)
     kept = _PACKED.get(weight)
     if kept is not None and kept[:2] == key:
