@@ -17,6 +17,15 @@ from transformer import hardware
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
+def _on_cpu(monkeypatch: pytest.MonkeyPatch, vendor: str | None, capability: str,
+            mkl: bool = True) -> None:
+    """Have the detection see a CPU of `vendor` whose widest kernels PyTorch runs are
+    `capability`'s, in a build with or without MKL."""
+    monkeypatch.setattr(hardware, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
+
+
 @pytest.mark.parametrize("vendor, capability, library", [
     ("GenuineIntel", "AVX512", "blas"), ("GenuineIntel", "AVX2", "blas"),
     ("AuthenticAMD", "AVX512", "onednn"), ("AuthenticAMD", "AVX2", "blas"),
@@ -25,9 +34,7 @@ def test_the_float32_library_follows_the_cpus_vendor_and_vectors(vendor, capabil
                                                                   monkeypatch):
     """MKL's BLAS on Intel's CPUs (its AVX-512 kernels run there only) and on AVX2-only x86
     CPUs (both libraries run AVX2 kernels there), oneDNN elsewhere."""
-    monkeypatch.setattr(hardware, "cpu_vendor", lambda: vendor)
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)
+    _on_cpu(monkeypatch, vendor, capability)
     if torch.backends.mkldnn.is_available():
         assert hardware.float32_library() == library
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
@@ -42,9 +49,7 @@ def test_the_output_projections_few_rows_take_onednn_where_mkls_kernels_are_slow
     """Where MKL's BLAS multiplies float32 on a CPU not Intel's (an AVX2-only AMD CPU), a
     wide product's 4-64 rows go to oneDNN; nowhere else (oneDNN takes every product where it
     is the library), and nowhere in a build without oneDNN."""
-    monkeypatch.setattr(hardware, "cpu_vendor", lambda: vendor)
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)
+    _on_cpu(monkeypatch, vendor, capability)
     if torch.backends.mkldnn.is_available():
         assert hardware.float32_onednn_rows(hardware.float32_library()) == rows
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
@@ -60,9 +65,7 @@ def test_a_narrow_products_few_rows_take_mkl_on_amds_avx512_cpus(vendor, capabil
     """Where oneDNN multiplies float32 on an AMD CPU and PyTorch has MKL, the narrow products'
     1-63 rows go to MKL's BLAS; nowhere else (MKL takes every product where it is the
     library; a CPU of unknown vendor keeps oneDNN), and nowhere in a build without oneDNN."""
-    monkeypatch.setattr(hardware, "cpu_vendor", lambda: vendor)
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
+    _on_cpu(monkeypatch, vendor, capability, mkl)
     if torch.backends.mkldnn.is_available():
         assert hardware.float32_blas_rows(hardware.float32_library()) == rows
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
