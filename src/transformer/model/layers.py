@@ -53,13 +53,13 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     kernels for them are slow. The cheap tests come first: every linear layer's call runs
     them."""
     tuning = hardware.TUNING
-    rows = x.numel() // max(x.shape[-1], 1)
-    if _wide(weight):
+    rows, wide = x.numel() // max(x.shape[-1], 1), _wide(weight)
+    if wide:
         onednn = tuning.float32_library == "onednn" or rows in tuning.float32_onednn_rows
     else:
         onednn = tuning.float32_library == "onednn" and rows not in tuning.float32_blas_rows
     if onednn and _float32_inference_on_cpu(x, weight, bias):
-        if rows > 1 and _wide(weight) and not weight.is_inference():
+        if wide and rows > 1 and not weight.is_inference():
             weight = _packed_for_onednn(weight)
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
