@@ -104,33 +104,33 @@ def test_linear_sends_a_narrow_products_few_rows_to_mkl_where_the_table_says(tun
                                        rtol=1e-5, atol=1e-5)
 
 
-def test_a_wide_weight_is_packed_for_onednn_once_and_again_when_it_changes(tuning):
-    """oneDNN multiplies a wide product of 2 rows or more by a packed copy of the weight,
-    made at the first such call and reused while the weight's storage and version stay the
-    same: an in-place change or a new storage repacks it, and the copy goes with the weight.
-    One row keeps the plain weight. The products equal `F.linear` within float32 rounding."""
+def test_a_frozen_wide_weight_is_packed_for_onednn_once_and_again_when_it_changes(tuning):
+    """oneDNN multiplies a wide product of 2 rows or more by a packed copy of a frozen weight
+    (no gradient), made at the first such call and reused while the weight's storage and
+    version stay the same: an in-place change or a new storage repacks it, and the copy
+    goes with the weight. One row keeps the plain weight. The products equal `F.linear`
+    within float32 rounding."""
     tuning(float32_library="onednn", float32_onednn_min_outputs=96)
     torch.manual_seed(0)
-    layer, x = Linear(64, 96), torch.randn(5, 64)
-    with torch.no_grad():
-        assert "mkldnn::_reorder_linear_weight" not in operators(lambda: layer(x[:1]))
-        assert layer.weight not in layers._PACKED
-        assert "mkldnn::_reorder_linear_weight" in operators(lambda: layer(x))
-        packed = layers._PACKED[layer.weight][2]
-        for rows in (2, 5):
-            names = operators(lambda rows=rows: layer(x[:rows]))
-            assert "mkldnn::_reorder_linear_weight" not in names
-            assert "mkldnn::_linear_pointwise" in names
-            torch.testing.assert_close(layer(x[:rows]), F.linear(x[:rows], layer.weight,
-                                                                 layer.bias))
-        assert layers._PACKED[layer.weight][2] is packed
-        layer.weight.mul_(2)  # in place: the version moves
-        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
-        assert layers._PACKED[layer.weight][2] is not packed
-        packed = layers._PACKED[layer.weight][2]
-        layer.weight.data = layer.weight.data.t().contiguous().t()  # a new storage
-        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
-        assert layers._PACKED[layer.weight][2] is not packed
+    layer, x = Linear(64, 96).requires_grad_(False), torch.randn(5, 64)
+    assert "mkldnn::_reorder_linear_weight" not in operators(lambda: layer(x[:1]))
+    assert layer.weight not in layers._PACKED
+    assert "mkldnn::_reorder_linear_weight" in operators(lambda: layer(x))
+    packed = layers._PACKED[layer.weight][2]
+    for rows in (2, 5):
+        names = operators(lambda rows=rows: layer(x[:rows]))
+        assert "mkldnn::_reorder_linear_weight" not in names
+        assert "mkldnn::_linear_pointwise" in names
+        torch.testing.assert_close(layer(x[:rows]), F.linear(x[:rows], layer.weight,
+                                                             layer.bias))
+    assert layers._PACKED[layer.weight][2] is packed
+    layer.weight.mul_(2)  # in place: the version moves
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert layers._PACKED[layer.weight][2] is not packed
+    packed = layers._PACKED[layer.weight][2]
+    layer.weight.data = layer.weight.data.t().contiguous().t()  # a new storage
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert layers._PACKED[layer.weight][2] is not packed
     kept = len(layers._PACKED)
     layer = None  # the weight goes
     gc.collect()
@@ -139,6 +139,23 @@ def test_a_wide_weight_is_packed_for_onednn_once_and_again_when_it_changes(tunin
         layer = Linear(64, 96)
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
         assert layer.weight not in layers._PACKED
+
+
+def test_a_weight_in_training_is_never_packed(tuning):
+    """A weight that takes gradients goes to oneDNN plain in inference (validation during
+    training): PyTorch's fused Adam updates it without moving its version, and a packed
+    copy would keep the weights of an earlier update."""
+    tuning(float32_library="onednn", float32_onednn_min_outputs=96)
+    torch.manual_seed(0)
+    layer, x = Linear(64, 96), torch.randn(5, 64)
+    optimizer = torch.optim.Adam(layer.parameters(), lr=0.1, fused=True)
+    for _ in range(2):
+        with torch.no_grad():
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+        assert layer.weight not in layers._PACKED
+        layer(x).square().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
 
 
 def test_transposed_weights_keep_the_parameters_and_what_the_model_computes(tuning):

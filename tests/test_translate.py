@@ -32,6 +32,7 @@ from transformer.decoding.request import AlignmentOptions, DecodingRequest
 from transformer.decoding.search import beam_search, length_penalty, sample_search
 from transformer.decoding.translator import Translator
 from transformer.errors import CheckpointError
+from transformer.model import layers
 from transformer.model.layers import Linear
 from transformer.model.loss import teacher_forced_loss
 from transformer.model.transformer import ModelConfig, Transformer
@@ -157,6 +158,31 @@ def test_loaded_weights_are_stored_transposed_for_mkl_with_the_same_translations
     assert [text for text, _ in results[True][1]] == [text for text, _ in results[False][1]]
     assert [score for _, score in results[True][1]] == pytest.approx(
         [score for _, score in results[False][1]], abs=1e-5)
+
+
+def test_a_loaded_translator_decodes_frozen_with_its_output_projection_packed(
+        en_de_checkpoint, multi30k_lines, tuning):
+    """`Translator.load` freezes its model (no gradients, the same parameter count), so
+    where oneDNN multiplies float32 it reads the output projection from a packed copy
+    (`layers._packed_for_onednn`); the model translates as it does unfrozen, through the
+    plain weight: the same texts, the same scores within float32 rounding."""
+    tuning(float32_library="onednn", transposed_weights=False)
+    lines = multi30k_lines("val.en.gz")[:12]
+    translator = Translator.load(en_de_checkpoint, device="cpu")
+    model = translator.model
+    tuning(float32_onednn_min_outputs=model.output_projection.weight.shape[0])
+    assert not any(p.requires_grad for p in model.parameters())
+    assert translator.num_parameters == model.num_parameters() > 0
+    results = {}
+    for frozen in (True, False):
+        model.requires_grad_(not frozen)
+        results[frozen] = [(t.text, t.score) for line in translator.translations(lines, nbest=2)
+                           for t in line]
+        assert (model.output_projection.weight in layers._PACKED) == frozen
+        layers._PACKED.clear()
+    assert [text for text, _ in results[True]] == [text for text, _ in results[False]]
+    assert [score for _, score in results[True]] == pytest.approx(
+        [score for _, score in results[False]], abs=1e-5)
 
 
 def test_checkpoint_decoding_settings_are_the_defaults(random_runs, tmp_path, capsys):

@@ -516,6 +516,8 @@ class Translator(BaseTranslator):
         tokenizers, e.g. trained with different seeds), with the first one's settings.
         `quantize="int8"`: the loaded (averaged) model's linear layers in int8, on the CPU
         (an ensemble's: every member's); `threads`: its CPU threads (see `Translator`).
+        The loaded model decodes: its parameters are frozen (no gradients), which lets
+        oneDNN keep the output projection's weight packed (`layers.linear`).
         Raises CheckpointError or ConfigError with a one-line message."""
         check_quantize(quantize, resolve_device(device))  # before reading the checkpoint
         paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
@@ -532,7 +534,8 @@ class Translator(BaseTranslator):
                              training_config=stored_training_config(state, name),
                              quantize=quantize, threads=threads)
             translator.run_id = stored_run_id(state)
-        transpose_linear_weights(translator.model)  # its own model (int8 layers: no Linears)
+        translator.model.requires_grad_(False)  # its own model, for decoding only
+        transpose_linear_weights(translator.model)  # (int8 layers: no Linears)
         return translator
 
     @classmethod

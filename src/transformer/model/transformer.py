@@ -301,8 +301,9 @@ class Transformer(nn.Module):
         return self.decoder.embedding.weight.device
 
     def num_parameters(self) -> int:
-        """Trainable parameters; a matrix shared by several layers counts once."""
-        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+        """Parameters, trainable or frozen (a loaded translator's); a matrix shared by
+        several layers counts once."""
+        return sum(p.numel() for p in self.parameters())
 
     def forward(self, src: Tensor, src_valid_lens: Tensor, tgt_in: Tensor, *,
                 output_mask: Tensor | None = None) -> Tensor:
