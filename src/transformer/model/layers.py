@@ -59,7 +59,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     else:
         onednn = tuning.float32_library == "onednn" and rows not in tuning.float32_blas_rows
     if onednn and _float32_inference_on_cpu(x, weight, bias):
-        if wide and rows > 1 and not weight.requires_grad and not weight.is_inference():
+        if wide and rows > 1:  # at 1 row oneDNN's kernel for the plain weight sums otherwise
             weight = _packed_for_onednn(weight)
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
@@ -70,17 +70,19 @@ _PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def _packed_for_onednn(weight: Tensor) -> Tensor:
-    """`weight`, a frozen one (no gradient: a loaded translator's), in the blocked layout
-    oneDNN's kernels read, kept while the weight lives and stays the same (its storage and
-    its version: an in-place change repacks it).
+    """A frozen `weight` (no gradient: a loaded translator's) in the blocked layout oneDNN's
+    kernels read, kept while the weight lives and stays the same (its storage and its
+    version: an in-place change repacks it); any other weight as it is.
 
     Given a plain weight, oneDNN's linear operator reorders it at every call, and for the
     output projection (V x d) that costs more than a decoding step's few rows of products;
     packed once, the products are the same bit for bit from 2 rows on (at 1 row oneDNN takes
     another kernel for the plain weight, whose sums differ, so `linear` keeps that one). The
-    copy costs the weight's size in memory. `linear` gives oneDNN the plain weight of a
-    model in training (PyTorch's fused optimizers update a weight without moving its
-    version), and of a weight made under `torch.inference_mode` (no version to check)."""
+    copy costs the weight's size in memory. A weight in training stays plain (PyTorch's
+    fused optimizers update it without moving its version), as does one made under
+    `torch.inference_mode` (no version to check)."""
+    if weight.requires_grad or weight.is_inference():
+        return weight
     key = (weight.data_ptr(), weight._version)
     kept = _PACKED.get(weight)
     if kept is not None and kept[:2] == key:
