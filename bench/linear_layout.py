@@ -1,7 +1,7 @@
 """Does a linear layer's weight multiply faster stored transposed? `F.linear(x, W, b)` with W
 (out, in) contiguous, as a model is made, against the same W stored as the transpose of a
 contiguous (in, out) matrix (`layers.transpose_linear_weights`), per row count, and whether
-the two give the same numbers, bit for bit.
+the two give the same numbers, bit for bit; and oneDNN's operator with each.
 
     python bench/linear_layout.py [--threads 1] [--rows 1 5 10 50 100 500 1000]
                                   [--shapes 128x384 128x128 128x256 256x128 128x8000]
@@ -11,8 +11,10 @@ The shapes default to Transformer-Tiny's decoder (d 128, FFN 256, W_q/W_k/W_v jo
 and its output projection (8,000 pieces); a decoding step multiplies beam x sentences rows.
 Printed per shape and row count: the two layouts' medians over `--rounds` paired rounds,
 their ratio (above 1x, the transposed one is faster) and "same" or "differs" (any bit, over
-three random inputs); then oneDNN's operator with the transposed weight (what `layers.linear`
-calls for the rows of `float32_onednn_rows` in the tuning table), its median, the
+three random inputs); then oneDNN's operator with the transposed weight (reordered into
+oneDNN's layout at every call) and with a copy of it packed into that layout once (what
+`layers.linear` calls for the rows of `float32_onednn_rows` in the tuning table: a loaded
+translator's frozen weights are packed, `layers._packed_for_onednn`), each its median, the
 transposed product's time over it (above 1x, oneDNN is faster) and whether its bits are the
 transposed product's. Each call runs in a loop of ~20M multiply-adds so one timing is not
 one call's noise.
@@ -45,18 +47,20 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> 
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def same_numbers(product, weight: torch.Tensor, transposed: torch.Tensor, bias: torch.Tensor,
+def same_numbers(product, weight: torch.Tensor, given: torch.Tensor, bias: torch.Tensor,
                  rows: int) -> str:
-    """"same" where `product(x, transposed, bias)` gives `F.linear(x, weight, bias)`'s every
-    output bit for bit, over three random inputs; "differs" where not."""
-    same = all(torch.equal(F.linear(x, weight, bias), product(x, transposed, bias))
+    """"same" where `product(x, given, bias)` (`given`: the weight in another layout) gives
+    `F.linear(x, weight, bias)`'s every output bit for bit, over three random inputs;
+    "differs" where not."""
+    same = all(torch.equal(F.linear(x, weight, bias), product(x, given, bias))
                for x in torch.randn(3, rows, weight.shape[1]))
     return "same" if same else "differs"
 
 
 def compare(d_in: int, d_out: int, rows: int, rounds: int) -> str:
     """One row of the table: both layouts' median microseconds a call, their ratio, same?;
-    then oneDNN's with the transposed weight, the transposed product's time over it, same?"""
+    then oneDNN's with the transposed weight and with its packed copy, each: microseconds,
+    the transposed product's time over it, same?"""
     weight, bias = torch.randn(d_out, d_in) / d_in ** 0.5, torch.randn(d_out)
     transposed = weight.t().contiguous().t()  # the same (out, in) values, (in, out) in memory
     x = torch.randn(rows, d_in)
@@ -69,16 +73,19 @@ def compare(d_in: int, d_out: int, rows: int, rounds: int) -> str:
         return calls_of_w
 
     arms = {"usual": loop(F.linear, weight), "transposed": loop(F.linear, transposed)}
+    onednn = {}  # arm -> the weight oneDNN's operator is given
     if torch.backends.mkldnn.is_available():
-        arms["onednn"] = loop(onednn_linear, transposed)
+        onednn = {"onednn": transposed,
+                  "packed": torch.ops.mkldnn._reorder_linear_weight(transposed)}
+        arms.update((arm, loop(onednn_linear, w)) for arm, w in onednn.items())
     seconds, _ = paired_passes(arms, rounds)
     us = {k: statistics.median(seconds[k]) / calls * 1e6 for k in arms}
     line = (f"{d_in:>5} x {d_out:<6} {rows:>6} {us['usual']:>10.1f} {us['transposed']:>12.1f} "
             f"{us['usual'] / us['transposed']:>7.2f}x  "
             f"{same_numbers(F.linear, weight, transposed, bias, rows):<8}")
-    if "onednn" in us:
-        line += (f"{us['onednn']:>10.1f} {us['transposed'] / us['onednn']:>7.2f}x  "
-                 f"{same_numbers(onednn_linear, transposed, transposed, bias, rows)}")
+    for arm, w in onednn.items():
+        line += (f"{us[arm]:>10.1f} {us['transposed'] / us[arm]:>7.2f}x  "
+                 f"{same_numbers(onednn_linear, transposed, w, bias, rows):<8}")
     return line
 
 
@@ -90,7 +97,8 @@ def main() -> None:
     print(f"torch {torch.__version__}; {args.threads} thread(s); median of {args.rounds} rounds")
     print(cpu_description())
     print(f"{'weight':>14} {'rows':>6} {'usual us':>10} {'transposed us':>12} {'ratio':>8}  "
-          f"{'bits':<8}{'oneDNN us':>10} {'ratio':>8}  bits")
+          f"{'bits':<8}{'oneDNN us':>10} {'ratio':>8}  {'bits':<8}{'packed us':>10} "
+          f"{'ratio':>8}  bits")
     with torch.inference_mode():
         for shape in args.shapes:
             d_in, d_out = (int(n) for n in shape.lower().split("x"))

@@ -43,12 +43,13 @@ def test_the_float32_library_follows_the_cpus_vendor_and_vectors(vendor, capabil
 
 @pytest.mark.parametrize("vendor, capability, rows", [
     ("GenuineIntel", "AVX512", range(0)), ("GenuineIntel", "AVX2", range(0)),
-    ("AuthenticAMD", "AVX512", range(0)), ("AuthenticAMD", "AVX2", range(4, 49))])
-def test_the_output_projections_few_rows_take_onednn_where_mkls_kernels_are_slow(
+    ("AuthenticAMD", "AVX512", range(0)), ("AuthenticAMD", "AVX2", range(4, 1025))])
+def test_the_output_projections_rows_take_onednn_where_mkls_kernels_are_slow(
         vendor, capability, rows, monkeypatch):
     """Where MKL's BLAS multiplies float32 on a CPU not Intel's (an AVX2-only AMD CPU), a
-    wide product's 4-64 rows go to oneDNN; nowhere else (oneDNN takes every product where it
-    is the library), and nowhere in a build without oneDNN."""
+    wide product of 4 rows up to a decoding batch's most (`decode_max_rows`) goes to oneDNN;
+    nowhere else (oneDNN takes every product where it is the library), and nowhere in a
+    build without oneDNN."""
     _on_cpu(monkeypatch, vendor, capability)
     if torch.backends.mkldnn.is_available():
         assert hardware.float32_onednn_rows(hardware.float32_library()) == rows

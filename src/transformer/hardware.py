@@ -99,11 +99,12 @@ def _has_onednn_linear() -> bool:
 def float32_onednn_rows(library: str) -> range:
     """The rows of a wide float32 product that oneDNN multiplies faster than `library`:
     where MKL's BLAS is the library on a CPU not Intel's (an AVX2-only AMD CPU), MKL's
-    kernels for a few rows are slow, and oneDNN's, with the weights stored transposed, are
-    faster from 4 rows to a few dozen (at 1-3 rows their sums differ from MKL's in the last
-    bits); none elsewhere."""
+    kernels for a few rows are slow, and oneDNN's are faster from 4 rows to a decoding
+    batch's most (`Tuning.decode_max_rows`), given the weight packed into its layout once
+    (a loaded translator's); as fast given the transposed weight from a few dozen rows on
+    (at 1-3 rows their sums differ from MKL's in the last bits); none elsewhere."""
     if library == "blas" and cpu_vendor() != "GenuineIntel" and _has_onednn_linear():
-        return range(4, 49)
+        return range(4, Tuning.decode_max_rows + 1)
     return range(0)
 
 
@@ -246,10 +247,13 @@ MEASURED = {
         f"{_TUNING} > The output projection's few rows through oneDNN"),
     "float32_onednn_rows": Measured(
         "the rows of a wide float32 inference product multiplied through oneDNN where MKL's "
-        "BLAS is the float32 library: 4 to 48 on CPUs not Intel's, where MKL's kernels for "
-        "a few rows are slow (x 128 -> 8,000, 1 thread: 5 rows 1.7x faster through oneDNN, "
-        "10-50 rows 1.05-1.3x, 64 and more as fast or slower; the same sums as MKL's from 4 "
-        "rows on), none elsewhere; detected from the CPU's vendor and the float32 library",
+        "BLAS is the float32 library: 4 to `decode_max_rows` on CPUs not Intel's, where "
+        "MKL's kernels for a few rows are slow (x 128 -> 8,000, 1 thread: 5 rows 1.2-1.7x "
+        "faster through oneDNN, 10-25 rows 1.15-1.3x; with the weight packed once, as a "
+        "loaded translator's, 48-300 rows 1.03-1.11x and 500-1,000 as fast, at 2 threads "
+        "1.06-1.25x from 48 to 1,000 rows; the same sums as MKL's from 4 rows on, but at 5-11 "
+        "rows at 2 threads), none elsewhere; detected from the CPU's vendor and the float32 "
+        "library",
         "AMD EPYC Zen 3 (AVX2)",
         f"{_TUNING} > The output projection's few rows through oneDNN"),
     "float32_blas_rows": Measured(

@@ -4,11 +4,11 @@
   through the library that is faster on the CPU at hand (`hardware.TUNING.float32_library`):
   oneDNN (`torch.ops.mkldnn._linear_pointwise`), which picks its kernels by the CPU's
   instruction set, or the BLAS `F.linear` calls (MKL's sgemm), whose AVX-512 kernels run on
-  Intel's CPUs only; where MKL is the library on a CPU not Intel's, the output projection's
-  few rows go to oneDNN (`float32_onednn_rows`), and where oneDNN is the library on an AMD
-  CPU, the other products' few rows go to MKL (`float32_blas_rows`). Training, autocast and
-  other devices take `F.linear`. oneDNN reads a wide weight from a copy packed into its
-  layout once (`_packed_for_onednn`).
+  Intel's CPUs only; where MKL is the library on a CPU not Intel's, the output projection
+  at a decoding step's rows goes to oneDNN (`float32_onednn_rows`), and where oneDNN is the
+  library on an AMD CPU, the other products' few rows go to MKL (`float32_blas_rows`).
+  Training, autocast and other devices take `F.linear`. oneDNN reads a wide weight from a
+  copy packed into its layout once (`_packed_for_onednn`).
   `transpose_linear_weights` stores a loaded translator's weights in the layout MKL
   multiplies a decoding step's few rows fastest.
 - `Dropout`: `nn.Dropout` with a cheaper random mask on CPU: `torch.bernoulli_` draws a float
@@ -49,8 +49,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     least `float32_onednn_min_outputs` outputs: the output projection), and a narrow one
     unless its rows (x's leading dimensions) are in `float32_blas_rows`, a decoding step's
     few rows on CPUs where oneDNN's call costs more than MKL's. Where not: a wide product
-    whose rows are in `float32_onednn_rows`, a decoding step's few rows on CPUs where MKL's
-    kernels for them are slow. The cheap tests come first: every linear layer's call runs
+    whose rows are in `float32_onednn_rows`, a decoding step's rows on CPUs where MKL's
+    kernels for them are slower. The cheap tests come first: every linear layer's call runs
     them."""
     tuning = hardware.TUNING
     rows, wide = x.numel() // max(x.shape[-1], 1), _wide(weight)
