@@ -18,7 +18,8 @@ same, bit for bit (the tests compare the two), in fewer:
   vocabulary apart), scaled and given their position's row, without the modules' calls;
 - W_q, W_k and W_v of self-attention are one product where all three are float `Linear`s
   (their weights joined when the search starts);
-- each layer is called through its `forward`, without `nn.Module`'s call machinery.
+- each layer is called through its `forward`, without `nn.Module`'s call machinery; a float
+  product MKL takes is the `addmm` `F.linear` makes of 2-D rows, called directly.
 
 A decoder with hooks (`MultiHeadAttention.masking_heads`, `recording`, a user's forward
 hooks) decodes through its `forward` and `LayerCache`s instead, where the hooks run.
@@ -32,7 +33,6 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from . import kernels
 from .attention import MultiHeadAttention, _split_heads
@@ -87,10 +87,15 @@ def _joined(*weights: Tensor) -> Tensor:
 
 
 def _bound_linear(weight: Tensor, bias: Tensor | None) -> Callable[[Tensor], Tensor]:
-    """`layers.linear` with its parameters bound: `F.linear` itself where `linear` takes
-    it for any input (`may_take_onednn`), without `linear`'s tests at every call."""
+    """`layers.linear` for the step's rows X (rows, in) with its parameters bound: where
+    `linear` takes `F.linear` for any input (`may_take_onednn`), the product `F.linear`
+    makes of 2-D rows itself (`addmm` with the bias, else `mm`, by the weight's transpose,
+    taken once), without `linear`'s tests or `F.linear`'s dispatch at every call."""
     if not may_take_onednn(weight):
-        return lambda X: F.linear(X, weight, bias)
+        weight_t = weight.t()  # (in, out)
+        if bias is None:
+            return lambda X: torch.mm(X, weight_t)
+        return lambda X: torch.addmm(bias, X, weight_t)
     return lambda X: linear(X, weight, bias)
 
 
