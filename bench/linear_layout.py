@@ -75,6 +75,8 @@ def compare(d_in: int, d_out: int, rows: int, rounds: int) -> str:
     arms = {"usual": loop(F.linear, weight), "transposed": loop(F.linear, transposed)}
     onednn = {}  # arm -> the weight oneDNN's operator is given
     if torch.backends.mkldnn.is_available():
+        # packed as `layers._packed_for_onednn` packs, which leaves this loop's weights
+        # (made under inference mode: no version to check) plain
         onednn = {"onednn": transposed,
                   "packed": torch.ops.mkldnn._reorder_linear_weight(transposed)}
         arms.update((arm, loop(onednn_linear, w)) for arm, w in onednn.items())
