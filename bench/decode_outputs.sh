@@ -9,7 +9,9 @@
 # SOURCE/REFERENCE: e.g. test_2016_flickr.en/.de (plain text). The prefixes are the first two
 # words of every other reference line. Sampling runs on one thread, where both engines repeat
 # their draws for a seed. QUANTIZE=int8 runs our engine in int8 (`--quantize int8`; give an
-# int8 export as EXPORT_DIR for CTranslate2's).
+# int8 export as EXPORT_DIR for CTranslate2's). torch.workers2.txt (2 search processes) is
+# torch.threads2.txt (2 threads) where both search the same batches (the whole file: every
+# batch one thread's or one process's, one thread each).
 set -euo pipefail
 checkpoint=$1 export_dir=$2 source=$3 reference=$4 out=$5
 mkdir -p "$out"
@@ -37,6 +39,7 @@ run() { local name=$1; shift; echo "== torch $name" >>"$out/stderr.txt"
 run alignment-head --alignment --alignment-layer 2 --alignment-head 1
 run sampling-topp --sampling-topp 0.9 --seed 3 --nbest 1
 run threads2 --threads 2 --nbest 2
+run workers2 --threads 2 --workers 2 --nbest 2
 tr '\r' '\n' < "$out/stderr.txt" | grep -E '^(==|decoding|scoring|error|WARNING)' \
     > "$out/messages.txt" || true
 rm "$out/stderr.txt"

@@ -30,7 +30,10 @@ row's time includes its second search of sentences that ran past their own lengt
 with `--ct2-once` it searches each batch once, as CTranslate2 by itself does).
 
 Rows: each engine's beam search ("torch int8": ours with its linear layers in PyTorch's
-dynamic int8, `Translator.load(..., quantize="int8")`, compared with "ct2 int8"); "sampling"
+dynamic int8, `Translator.load(..., quantize="int8")`, compared with "ct2 int8"; "torch
+workers" and "torch int8 workers": the same with as many search processes as threads,
+`Translator.load(..., workers=threads)`, compared with the same CTranslate2 rows and, for their
+outputs, with ours in one process); "sampling"
 (top-k 10, seed 1: back-translation's setting) and "+ alignment" (beam search, each output
 also word-aligned) for ours and CTranslate2 float32; with `--baseline-src DIR`, "torch
 baseline": our engine as the package in DIR/src decodes (e.g. a `git worktree` of an
@@ -109,8 +112,11 @@ DEFAULT_CHECKPOINT = str(Path(__file__).resolve().parents[2]
 MAPPED = "ct2 int8 + vmap"
 BASELINE = "torch baseline"
 QUANTIZED = "torch int8"  # our engine, Translator.load(..., quantize="int8")
+# our engine with search processes, one a thread: Translator.load(..., workers=threads)
+WORKERS = {"torch workers": "torch", "torch int8 workers": QUANTIZED}
 # name -> export (quantization, with a vocabulary map); None: our engine, from the checkpoint
-ENGINES = {"torch": None, QUANTIZED: None, "ct2 float32": ("float32", False),
+ENGINES = {"torch": None, QUANTIZED: None, **dict.fromkeys(WORKERS),
+           "ct2 float32": ("float32", False),
            "ct2 float32 + vmap": ("float32", True), "ct2 int8": ("int8", False),
            MAPPED: ("int8", True)}
 MODES = ("", " sampling", " + alignment")
@@ -122,7 +128,8 @@ INT8 = ("ct2 int8", MAPPED)
 FLOAT32 = ("ct2 float32", "ct2 float32 + vmap")
 # our row -> the CTranslate2 row it is held to: ours at least MIN_RATIO x its sentences/s at
 # every thread count, and (float32) the same output on at least MIN_IDENTICAL of the inputs
-COMPARED = {"torch": "ct2 float32", QUANTIZED: "ct2 int8"}
+COMPARED = {"torch": "ct2 float32", QUANTIZED: "ct2 int8", "torch workers": "ct2 float32",
+            "torch int8 workers": "ct2 int8"}
 MIN_RATIO, MIN_IDENTICAL = 0.8, 0.99
 # --lines: a pass translates at most this many lines in requests of N (one request of N where
 # N is larger); ours against CTranslate2's sentences/s at each request size, at least:
@@ -187,9 +194,10 @@ def child(args: argparse.Namespace) -> None:
     name, mode = ROWS.get(args.child, ("torch", ""))  # the baseline: our beam search
     engine = "torch" if ENGINES[name] is None else "ctranslate2"
     # only where asked: a baseline package's load_translator may not take it
-    quantized = {"quantize": "int8"} if name == QUANTIZED else {}
+    quantized = {"quantize": "int8"} if QUANTIZED in (name, WORKERS.get(name)) else {}
+    workers = {"workers": threads} if name in WORKERS else {}
     translator = load_translator(args.model, engine, device="cpu", threads=threads,
-                                 **quantized)
+                                 **quantized, **workers)
     if engine == "ctranslate2" and args.ct2_once:  # the second search left out
         translator._search_again_at_own_limit = lambda results, limits, translate: None
     lines = inputs(args, "en")
@@ -333,7 +341,8 @@ def export_rows(checkpoint: str, translator: Translator, rows: list[str], root: 
     from transformer.deploy.export import VOCAB_MAP, export_ctranslate2
 
     engines = {engine_of(row) for row in rows}
-    models = {"torch": checkpoint, QUANTIZED: checkpoint}
+    models = {"torch": checkpoint, QUANTIZED: checkpoint,
+              **dict.fromkeys(WORKERS, checkpoint)}
     vocab_map = build_vocab_map(translator.tokenizers, root / "train.en.gz", root / "train.de.gz")
     for name, export in ENGINES.items():
         if export and name in engines:
@@ -431,13 +440,18 @@ def sizes_main(args: argparse.Namespace, rows: list[str], models: dict[str, str]
               f"{1000 * percentile(calls, 50):>11.1f}{1000 * percentile(calls, 95):>9.1f}"
               f"{len(calls):>7}")
     for size, threads, row in best:
+        if row in WORKERS and (size, threads, WORKERS[row]) in best:
+            same = best[size, threads, row]["hyps"] == best[size, threads, WORKERS[row]]["hyps"]
+            print(f"{row} / {WORKERS[row]}, requests of {size} line(s), {threads} thread(s): "
+                  f"{speed[size, threads, row] / speed[size, threads, WORKERS[row]]:.2f}x; "
+                  f"outputs {'identical' if same else 'DIFFERENT'}")
         if row == BASELINE:
             same = best[size, threads, row]["hyps"] == best[size, threads, "torch"]["hyps"]
             print(f"ours / {BASELINE}, requests of {size} line(s), {threads} thread(s): "
                   f"{speed[size, threads, 'torch'] / speed[size, threads, row]:.2f}x; outputs "
                   f"{'identical' if same else 'DIFFERENT'}")
     for ours, theirs in COMPARED.items():
-        targets = SIZE_TARGETS if ours == "torch" else INT8_SIZE_TARGETS
+        targets = INT8_SIZE_TARGETS if QUANTIZED in ours else SIZE_TARGETS
         for size in args.lines:
             for threads in args.threads:
                 if (size, threads, ours) not in speed or (size, threads, theirs) not in speed:

@@ -2,7 +2,8 @@
 and 32 concurrent clients (CPU), and its memory over time?
 
     python bench/serve.py [--checkpoint runs/ref] [--clients 1 8 32] [--max-requests 2000]
-        [--max-seconds 60] [--threads 1] [--source .../test_2016_flickr.en.gz] [--ctranslate2]
+        [--max-seconds 60] [--threads 1] [--workers 0] [--source .../test_2016_flickr.en.gz]
+        [--ctranslate2]
 
 Starts scripts/serve.py on a free 127.0.0.1 port, then for each setting runs that many
 clients, each sending single sentences of test_2016_flickr (en) to POST /translate one after
@@ -101,7 +102,8 @@ def start_server(args: argparse.Namespace, port: int, log: Path, model: Path | N
                                                         os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, str(ROOT / "scripts" / "serve.py"), "--checkpoint",
                str(model or args.checkpoint), "--engine", engine, "--port", str(port),
-               "--threads", str(args.threads), "--device", "cpu"]
+               "--threads", str(args.threads), "--device", "cpu",
+               *(["--workers", str(args.workers)] if args.workers and engine == "torch" else [])]
     with open(log, "w") as output:
         server = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
@@ -207,6 +209,8 @@ def main() -> None:
     p.add_argument("--max-requests", type=int, default=2000, help="per setting")
     p.add_argument("--max-seconds", type=float, default=60.0, help="per setting")
     p.add_argument("--threads", type=int, default=1, help="the server's torch threads")
+    p.add_argument("--workers", type=int, default=0,
+                   help="the server's search processes (`transformer serve --workers`)")
     p.add_argument("--ctranslate2", action="store_true",
                    help="also one client against the server on a CTranslate2 export")
     args = p.parse_args()

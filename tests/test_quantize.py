@@ -21,8 +21,8 @@ from transformer.cli import serve as serve_command
 from transformer.cli.options import load_model
 from transformer.data.batching import pad_rows
 from transformer.decoding.corpus import search_corpus
-from transformer.decoding.request import DecodingRequest, RequestError, option_name
-from transformer.decoding.translator import Translator, check_quantize
+from transformer.decoding.request import DecodingRequest, RequestError, check_quantize, option_name
+from transformer.decoding.translator import Translator
 from transformer.deploy.export import EXPORT_INFO, export_ctranslate2
 from transformer.deploy.hf import export_hf
 from transformer.errors import ConfigError, ExportError

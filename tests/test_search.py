@@ -145,7 +145,7 @@ def thirty_sources() -> list[list[int]]:
 def batch_sizes_searched(monkeypatch) -> list[int]:
     """A list that each batch `search_corpus` searches from now on (by beam search or
     sampling) appends its number of sentences to."""
-    import transformer.decoding.corpus as corpus
+    import transformer.decoding.search as search
     sizes = []
 
     def counted(searcher):
@@ -155,7 +155,7 @@ def batch_sizes_searched(monkeypatch) -> list[int]:
         return run
 
     for name in ("beam_search", "sample_search"):
-        monkeypatch.setattr(corpus, name, counted(getattr(corpus, name)))
+        monkeypatch.setattr(search, name, counted(getattr(search, name)))
     return sizes
 
 

@@ -161,6 +161,21 @@ def test_concurrent_requests_each_get_their_own_translations(client, translator)
         assert answer.json()["translations"] == translator.translate(lines)
 
 
+def test_a_server_with_search_processes_answers_as_one_process(random_checkpoint, translator):
+    """`transformer serve --workers 2`: the batches of concurrent requests are searched in
+    two processes, with the translations of one."""
+    with_workers = Translator.load(random_checkpoint, device="cpu", workers=2)
+    try:
+        with TestClient(create_app(with_workers)) as client, ThreadPoolExecutor(8) as pool:
+            requests = [LINES[i:i + 1 + i % 3] for i in range(len(LINES))] * 2
+            answers = list(pool.map(lambda lines: client.post("/translate",
+                                                              json={"text": lines}), requests))
+    finally:
+        with_workers.close()
+    for lines, answer in zip(requests, answers, strict=True):
+        assert answer.json()["translations"] == translator.translate(lines)
+
+
 def test_batcher_puts_waiting_requests_into_one_call_in_order(translator):
     """Requests waiting together share one `translate` call (those with the same options),
     each gets its own slice; a token budget splits them."""

@@ -19,8 +19,8 @@ from pathlib import Path
 from .. import hardware
 from ..data.text import ParallelText
 from ..decoding.corpus import DEFAULT_MAX_TOKENS
-from ..decoding.request import OPTIONS, DecodingRequest, option_name
-from ..decoding.translator import QUANTIZE, BaseTranslator, Translator
+from ..decoding.request import OPTIONS, QUANTIZE, DecodingRequest, option_name
+from ..decoding.translator import BaseTranslator, Translator
 from ..deploy.engines import ENGINES, load_translator
 from ..errors import ConfigError
 from ..run.config import DecodingSettings
@@ -61,6 +61,13 @@ def add_model_options(parser: argparse.ArgumentParser, *, several: bool = False,
                              "quantization; CPU only), translations close to float32's; "
                              "CTranslate2 chooses its type at export (transformer export "
                              "--quantization int8)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="our engine (torch): beam search and sampling in this many "
+                             "processes of one CPU thread each, which search a request's "
+                             "batches, or pieces of them, side by side (faster than threads "
+                             "for requests of a few lines to a few hundred; each process "
+                             "loads its own copy of the model when the command starts); "
+                             "0: in this process")
     add_device_options(parser)
 
 
@@ -119,7 +126,8 @@ def load_model(args: argparse.Namespace) -> BaseTranslator:
     """The translator `add_model_options`' options name (`engines.load_translator`)."""
     return load_translator(args.checkpoint, getattr(args, "engine", "torch"),
                            device=args.device, threads=args.threads, quantize=args.quantize,
-                           ensemble=getattr(args, "ensemble", False))
+                           ensemble=getattr(args, "ensemble", False),
+                           workers=getattr(args, "workers", 0))
 
 
 def add_decoding_options(parser: argparse.ArgumentParser, *, nbest: bool = True,

@@ -12,7 +12,8 @@ BOS prepended to the target input).
 
 Translation packs its length-sorted sentences with `pack` too (`sorted_batches`, for
 `corpus.search_corpus`, scoring and alignments; `even_rounds` when threads search batches
-side by side), and `pad_rows` makes its padded tensors.
+side by side, `dealt` when search processes take fewer batches than there are processes),
+and `pad_rows` makes its padded tensors.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["pack", "sorted_batches", "even_rounds", "pad_rows", "shard", "train_batches",
+__all__ = ["pack", "sorted_batches", "even_rounds", "dealt", "pad_rows", "shard", "train_batches",
            "eval_batches", "padding_ratio"]
 
 Lengths = Sequence[int]  # a numpy array or a list: pieces per sentence
@@ -98,6 +99,21 @@ def even_rounds(batches: list[list[int]], sizes: Sequence[int], max_tokens: int,
         return batches
     # fewer than m at that budget: halving the largest stays within it
     return [batch.tolist() for batch in _halved_to_multiple(best, parallel)]
+
+
+def dealt(batches: list[list[int]], parallel: int) -> list[list[int]]:
+    """Fewer batches than `parallel` search processes, cut into `parallel` pieces where the
+    sentences allow: the batch of the most sentences dealt into two, again and again, its
+    sentences (longest first) taken in turn, so that both halves have about the same
+    longest sentence, and so the same number of decoding steps, and the same rows; the
+    processes then end together. Unchanged from `parallel` batches on."""
+    pieces = list(batches)
+    while pieces and len(pieces) < parallel:
+        j = max(range(len(pieces)), key=lambda i: len(pieces[i]))
+        if len(pieces[j]) < 2:
+            break
+        pieces[j:j + 1] = [pieces[j][0::2], pieces[j][1::2]]
+    return pieces
 
 
 def pad_rows(rows: Sequence[Sequence[int]], pad_value: int,

@@ -10,6 +10,9 @@ input order, as one `request.DecodingRequest` asks. With `parallel` CPU threads,
 `inter_threads` does (beam search's batches packed in full rounds of the threads:
 `batching.even_rounds`): decoding runs many small operators, which gain little from being
 split over threads (docs/benchmarks.md, "Two threads, and batches in full rounds of them").
+With search processes (`workers.SearchWorkers`), each batch is searched in one of them, and
+fewer batches than processes are cut into a piece for each (`batching.dealt`): Python's
+threads share one interpreter lock, processes do not.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from .. import hardware
-from ..data.batching import even_rounds, pad_rows, sorted_batches
+from ..data.batching import dealt, even_rounds, sorted_batches
 from ..model.ensemble import Ensemble
 from ..model.transformer import Transformer
 from .request import DecodingRequest
-from .search import Hypothesis, beam_search, pad_prefixes, sample_search
+from .search import BatchJob, Hypothesis, search_batch
+from .workers import SearchWorkers
 
 __all__ = ["DEFAULT_MAX_TOKENS", "search_corpus", "decode_batches", "parallel_searches"]
 
@@ -36,8 +40,8 @@ def search_corpus(model: Transformer | Ensemble, sources: Sequence[Sequence[int]
                   prefixes: Sequence[Sequence[int]] | None = None,
                   constraints: Sequence[Sequence[Sequence[int]]] | None = None,
                   max_tokens: int = DEFAULT_MAX_TOKENS,
-                  on_progress: Callable[[int], None] | None = None
-                  ) -> list[list[Hypothesis]]:
+                  on_progress: Callable[[int], None] | None = None,
+                  workers: SearchWorkers | None = None) -> list[list[Hypothesis]]:
     """Beam search (or, with `request.sampling`, `sample_search`) over many sentences, in
     input order: the one decoding path of validation, translation and evaluation (batched
     by `decode_batches`, at most the tuning table's `decode_max_rows` rows, sentences x
@@ -46,28 +50,32 @@ def search_corpus(model: Transformer | Ensemble, sources: Sequence[Sequence[int]
     list per source, [] for none); `constraints`, the phrases (target ids) each output must
     contain (one list of phrases per source, [] for none; beam search only). `beam_size=1`
     is greedy search. `model` may be an `ensemble.Ensemble`. Sampling draws from one
-    generator seeded with `sampling.seed`."""
-    device = model.device
+    generator per batch, seeded with `sampling.seed` and the batch (`search.search_batch`).
+    `workers`: search processes with their own copies of `model` (as loaded), which then
+    search every batch, a piece of a batch each where there are fewer batches than them; a
+    single sentence, which no process could share, is searched here."""
+    if workers is not None and sum(1 for ids in sources if ids) < 2:
+        workers = None
 
-    def search(batch: list[int]) -> list[list[Hypothesis]]:
-        src, src_valid_lens = pad_rows([sources[i] for i in batch], model.config.pad_id,
-                                       device)
-        prefix = None if prefixes is None else pad_prefixes([prefixes[i] for i in batch],
-                                                            device)
-        if request.sampling is not None:  # a batch's draws depend on the seed and the batch
-            generator = torch.Generator(device).manual_seed(
-                hash((request.sampling.seed, batch[0])) & 0x7FFF_FFFF_FFFF_FFFF)
-            return [[hyp] for hyp in sample_search(model, src, src_valid_lens, request,
-                                                   generator=generator, prefix=prefix)]
-        return beam_search(model, src, src_valid_lens, request, prefix=prefix,
-                           constraints=None if constraints is None
-                           else [constraints[i] for i in batch])
+    def job(batch: list[int]) -> BatchJob:
+        return BatchJob([list(sources[i]) for i in batch],
+                        None if prefixes is None else [list(prefixes[i]) for i in batch],
+                        None if constraints is None else [constraints[i] for i in batch],
+                        batch[0])
 
-    parallel = parallel_searches(device)
+    if workers is None:
+        def search(batch: list[int]) -> list[list[Hypothesis]]:
+            return search_batch(model, job(batch), request)
+    else:
+        def search(batch: list[int]) -> list[list[Hypothesis]]:
+            return workers.search(job(batch), request)
+
     return decode_batches(sources, search, nbest=request.nbest, max_tokens=max_tokens,
                           max_sentences=max(1, hardware.TUNING.decode_max_rows
                                             // request.beam_size),
-                          parallel=parallel, balanced=request.sampling is None,
+                          parallel=(parallel_searches(model.device) if workers is None
+                                    else workers.count),
+                          balanced=request.sampling is None, deal=workers is not None,
                           on_progress=on_progress)
 
 
@@ -81,7 +89,7 @@ def decode_batches(sources: Sequence[Sequence[int]],
                    search: Callable[[list[int]], list[list[Hypothesis]]], *,
                    nbest: int = 1, max_tokens: int = DEFAULT_MAX_TOKENS,
                    max_sentences: int | None = None, parallel: int = 1,
-                   balanced: bool = False,
+                   balanced: bool = False, deal: bool = False,
                    on_progress: Callable[[int], None] | None = None
                    ) -> list[list[Hypothesis]]:
     """Run `search` (a batch, as indices into `sources` -> n-best lists) over many
@@ -94,7 +102,10 @@ def decode_batches(sources: Sequence[Sequence[int]],
     many batches are searched at once, each on its own thread with single-threaded
     operators. `balanced`: the batches packed again so that the threads end together
     (`batching.even_rounds`); they then depend on `parallel`, so sampling, whose draws
-    depend on the batches and must not depend on the threads, leaves it off."""
+    depend on the batches and must not depend on the threads, leaves it off. `deal`
+    (`search` runs in one of `parallel` search processes, which cost this process nothing
+    while they search): a balanced plan of fewer batches than that cut into a piece for
+    each (`batching.dealt`)."""
     results = [[Hypothesis([], 0.0, 0.0)] * nbest for _ in sources]
     todo = [i for i, ids in enumerate(sources) if ids]
     if on_progress is not None and len(todo) < len(sources):
@@ -103,6 +114,8 @@ def decode_batches(sources: Sequence[Sequence[int]],
     batches = sorted_batches(todo, sizes, max_tokens, max_sentences)
     if balanced:
         batches = even_rounds(batches, sizes, max_tokens, parallel, max_sentences)
+        if deal:
+            batches = dealt(batches, parallel)
     for batch, found in _each_searched(batches, search, parallel):
         for i, sentence_hyps in zip(batch, found, strict=True):
             results[i] = sentence_hyps

@@ -20,6 +20,9 @@ sources then carry that language's tag), a bilingual model's own language or Non
 The defaults a checkpoint stores (`config.DecodingSettings`: beam, alpha, length limits,
 chosen by `transformer tune-decoding`) are where a translator's requests start
 (`DecodingRequest.over`).
+
+Our engine's load options are checked here too, as `RequestError`s the commands render as
+`--quantize` and `--workers`: `check_quantize`, `check_workers`.
 """
 
 from __future__ import annotations
@@ -27,14 +30,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..run.config import DecodingSettings
 from ..run.data_config import NAME
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["MAX_BEAM_SIZE", "OPTIONS", "RequestError", "Sampling", "AlignmentOptions",
-           "DecodingRequest", "option_name", "literal"]
+           "DecodingRequest", "option_name", "literal", "QUANTIZE", "check_quantize",
+           "MAX_WORKERS", "check_workers"]
 
 MAX_BEAM_SIZE = 1024  # hypotheses per sentence: far beyond use, within what memory holds
 # The flat options of `DecodingRequest.from_options`: `transformer translate`'s decoding
@@ -46,7 +53,8 @@ OPTIONS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "sampling_to
 
 class RequestError(ConfigError):
     """A decoding option out of range, or options that do not go together (also our
-    engine's `quantize`, which the commands share as `--quantize`). `field` is the
+    engine's `quantize` and `workers`, which the commands share as `--quantize` and
+    `--workers`). `field` is the
     option's name as the server's JSON spells it; the message names options as
     "{field}" placeholders, rendered by `message(name)`: `str(error)` uses the field names,
     the command line its options (`option_name`)."""
@@ -253,3 +261,39 @@ class DecodingRequest:
                         max_len_a=max_len_a, max_len_b=max_len_b, sampling=sampling,
                         alignment=aligned, target_lang=target_lang,
                         ordered_constraints=ordered_constraints)
+
+
+QUANTIZE = ("int8",)  # what `Translator`'s `quantize` may be, besides None (float32)
+
+
+def check_quantize(quantize: str | None, device: torch.device) -> None:
+    """`RequestError` naming quantize (`--quantize` on the command line) unless `quantize`
+    is None, or one of QUANTIZE on the CPU: PyTorch's dynamically quantized layers
+    (`int8.quantize_int8`) have CPU kernels only."""
+    if quantize is None:
+        return
+    if quantize not in QUANTIZE:
+        choices = ", ".join(repr(choice) for choice in QUANTIZE)
+        raise RequestError("quantize", f"{{quantize}} must be None (float32) or {choices}, "
+                                       f"got {literal(quantize)}")
+    if device.type != "cpu":
+        raise RequestError("quantize", f"{{quantize}} {quantize} is a CPU path (PyTorch's "
+                                       f"dynamically quantized layers run on the CPU only), "
+                                       f"not for {device}: choose {{device}} cpu")
+
+
+MAX_WORKERS = 256  # search processes: beyond any machine's cores
+
+
+def check_workers(workers: int, device: torch.device) -> None:
+    """`RequestError` naming workers (`--workers` on the command line) unless `workers` is
+    0 (searches in this process), or 1 to MAX_WORKERS search processes on the CPU (each
+    searches on one CPU thread; a GPU searches a batch with all its cores already)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or not (
+            0 <= workers <= MAX_WORKERS):
+        raise RequestError("workers", f"{{workers}} must be an integer in [0, {MAX_WORKERS}] "
+                                      f"(0: searches in this process), got {literal(workers)}")
+    if workers and device.type != "cpu":
+        raise RequestError("workers", f"{{workers}} starts search processes of one CPU thread "
+                                      f"each, not for {device}: choose {{device}} cpu, or "
+                                      f"leave {{workers}} out")

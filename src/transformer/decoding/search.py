@@ -64,7 +64,8 @@ from .constraints import ConstraintState
 from .request import DecodingRequest, Sampling
 
 __all__ = ["DEFAULT_ALPHA", "Hypothesis", "GREEDY", "draw", "length_penalty",
-           "max_output_lengths", "sample_search", "beam_search", "pad_prefixes"]
+           "max_output_lengths", "sample_search", "beam_search", "pad_prefixes", "BatchJob",
+           "search_batch"]
 
 DEFAULT_ALPHA = DecodingSettings.alpha
 
@@ -279,6 +280,35 @@ def _forced(step: int, max_lens: Tensor, prefix: Tensor, prefix_lens: Tensor,
 def pad_prefixes(prefixes: Sequence[Sequence[int]], device: torch.device) -> Tensor:
     """Per-sentence target prefixes (piece ids) -> (batch, longest or 1), -1 padded."""
     return pad_rows(prefixes, -1, device)[0]
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """One batch's search, as ids: what `search_batch` takes (in this process, or sent to a
+    search process: `workers.SearchWorkers`)."""
+
+    sources: list[list[int]]  # source ids, EOS appended
+    prefixes: list[list[int]] | None  # target ids each output must begin with ([]: none)
+    constraints: list[list[list[int]]] | None  # phrases each output must contain
+    first: int  # the index of the batch's first sentence in its corpus: sampling's seed
+
+
+def search_batch(model: Transformer | Ensemble, job: BatchJob,
+                 request: DecodingRequest) -> list[list[Hypothesis]]:
+    """Beam search (or, with `request.sampling`, `sample_search`) over one batch -> each
+    sentence's n-best list. A sampled batch draws from its own generator, seeded by the
+    request's seed and `job.first`, so its draws do not depend on which thread or process
+    searches it, nor on the other batches."""
+    device = model.device
+    src, src_valid_lens = pad_rows(job.sources, model.config.pad_id, device)
+    prefix = None if job.prefixes is None else pad_prefixes(job.prefixes, device)
+    if request.sampling is not None:
+        generator = torch.Generator(device).manual_seed(
+            hash((request.sampling.seed, job.first)) & 0x7FFF_FFFF_FFFF_FFFF)
+        return [[hyp] for hyp in sample_search(model, src, src_valid_lens, request,
+                                               generator=generator, prefix=prefix)]
+    return beam_search(model, src, src_valid_lens, request, prefix=prefix,
+                       constraints=job.constraints)
 
 
 @torch.inference_mode()

@@ -27,6 +27,7 @@ float32's but not always equal. The one rule for it: `check_quantize`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from abc import ABC, abstractmethod
@@ -62,33 +63,15 @@ from ..run.config import DecodingSettings, TrainConfig
 from ..runtime import resolve_device
 from .alignment import attention_weights, word_alignment
 from .corpus import DEFAULT_MAX_TOKENS, search_corpus
-from .request import DecodingRequest, RequestError, literal
+from .request import DecodingRequest, RequestError, check_quantize, check_workers, literal
 from .search import Hypothesis, length_penalty, max_output_lengths
+from .workers import SearchWorkers
 
-__all__ = ["Translation", "BaseTranslator", "Translator", "QUANTIZE", "check_quantize"]
+__all__ = ["Translation", "BaseTranslator", "Translator"]
 
 log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-QUANTIZE = ("int8",)  # what `Translator`'s `quantize` may be, besides None (float32)
-
-
-def check_quantize(quantize: str | None, device: torch.device) -> None:
-    """`RequestError` naming quantize (`--quantize` on the command line) unless `quantize`
-    is None, or one of QUANTIZE on the CPU: PyTorch's dynamically quantized layers
-    (`int8.quantize_int8`) have CPU kernels only."""
-    if quantize is None:
-        return
-    if quantize not in QUANTIZE:
-        choices = ", ".join(repr(choice) for choice in QUANTIZE)
-        raise RequestError("quantize", f"{{quantize}} must be None (float32) or {choices}, "
-                                       f"got {literal(quantize)}")
-    if device.type != "cpu":
-        raise RequestError("quantize", f"{{quantize}} {quantize} is a CPU path (PyTorch's "
-                                       f"dynamically quantized layers run on the CPU only), "
-                                       f"not for {device}: choose {{device}} cpu")
-
 
 @dataclass(frozen=True)
 class Translation:
@@ -462,9 +445,13 @@ class Translator(BaseTranslator):
     translator is made. Each search pins that count for its duration and restores the
     process's after it, so another engine in the same process (loading a CTranslate2 model
     sets the OpenMP thread count PyTorch shares to 1) does not change ours.
+
+    `workers`: search processes (`load(..., workers=N)`, `workers.SearchWorkers`), which
+    then search every batch; None: this process does. `close` ends them.
     """
 
     engine: ClassVar[str] = "torch"
+    workers: SearchWorkers | None = None
     run_id: str | None = None  # the training run of its checkpoint(s) (`load`), kept by the
     # checkpoints written from it (`transformer tune-decoding`, `prune-heads`)
 
@@ -508,7 +495,7 @@ class Translator(BaseTranslator):
     def load(cls, checkpoint: PathLike | Sequence[PathLike],
              device: str | torch.device = "auto", *,
              quantize: str | None = None, threads: int | None = None,
-             ensemble: bool = False) -> Translator:
+             ensemble: bool = False, workers: int = 0) -> Translator:
         """Load a checkpoint file or run directory; several are averaged: checkpoints of one
         training run (same model config, tokenizers and run id; others are refused,
         `checkpoint.average_weights`), with the first one's settings. With `ensemble`,
@@ -518,8 +505,11 @@ class Translator(BaseTranslator):
         (an ensemble's: every member's); `threads`: its CPU threads (see `Translator`).
         The loaded model decodes: its parameters are frozen (no gradients), which lets
         oneDNN keep the output projection's weight packed (`layers.linear`).
+        `workers` > 0 (CPU only): that many search processes, each loading the checkpoints
+        on one thread (a script that starts them runs under `if __name__ == "__main__":`).
         Raises CheckpointError or ConfigError with a one-line message."""
         check_quantize(quantize, resolve_device(device))  # before reading the checkpoint
+        check_workers(workers, resolve_device(device))
         paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
         files = [resolve_checkpoint(p) for p in paths]
         if ensemble:
@@ -536,7 +526,17 @@ class Translator(BaseTranslator):
             translator.run_id = stored_run_id(state)
         translator.model.requires_grad_(False)  # its own model, for decoding only
         transpose_linear_weights(translator.model)  # (int8 layers: no Linears)
+        if workers:
+            translator.workers = SearchWorkers(functools.partial(
+                cls.load, files, "cpu", quantize=quantize, threads=1, ensemble=ensemble),
+                workers)
         return translator
+
+    def close(self) -> None:
+        """End the search processes (`workers`), if any: this process searches from now."""
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
 
     @classmethod
     def _load_ensemble(cls, files: list[os.PathLike], device: str | torch.device, *,
@@ -584,7 +584,7 @@ class Translator(BaseTranslator):
         with hardware.threads_set_to(self.threads):
             hyps = search_corpus(self.model, sources, request, prefixes=prefixes,
                                  constraints=constraints, max_tokens=max_tokens,
-                                 on_progress=on_progress)
+                                 on_progress=on_progress, workers=self.workers)
             if request.alignment is None:
                 return hyps
             found = [(i, j) for i, sentence in enumerate(hyps) for j in range(len(sentence))

@@ -283,19 +283,22 @@ def engine_for(checkpoint: PathLike | Sequence[PathLike]) -> str:
 
 def load_translator(checkpoint: PathLike | Sequence[PathLike], engine: str = "auto", *,
                     device: str | torch.device = "auto", threads: int | None = None,
-                    quantize: str | None = None, ensemble: bool = False) -> BaseTranslator:
+                    quantize: str | None = None, ensemble: bool = False,
+                    workers: int = 0) -> BaseTranslator:
     """A translator for `engine`: "torch" loads a checkpoint file or run directory (several
     are averaged, or with `ensemble` decoded together) into `Translator` (with `quantize`,
     its linear layers in int8: `Translator.load`); "ctranslate2" loads an export directory,
     whose type its export chose (`quantize` and `ensemble` refused); "auto" (the default)
     takes the one that reads `checkpoint` (`engine_for`). `threads` sets the engine's CPU
-    threads, its own (None: for torch, the process's count now; for CTranslate2, one).
+    threads, its own (None: for torch, the process's count now; for CTranslate2, one);
+    `workers`, torch's search processes (`Translator.load`; CTranslate2's threads search
+    sub-batches side by side already).
     Raises CheckpointError / ExportError / ConfigError with one-line messages."""
     if engine == "auto":
         engine = engine_for(checkpoint)
     if engine == "torch":
         return Translator.load(checkpoint, device=device, quantize=quantize, threads=threads,
-                               ensemble=ensemble)
+                               ensemble=ensemble, workers=workers)
     if engine != "ctranslate2":
         raise ConfigError(f"engine must be auto, {', '.join(ENGINES)}, got {engine!r}")
     if quantize is not None:
@@ -303,6 +306,10 @@ def load_translator(checkpoint: PathLike | Sequence[PathLike], engine: str = "au
                                        "chooses its type at export (transformer export "
                                        "--quantization int8); leave {quantize} out for an "
                                        "export directory or {engine} ctranslate2")
+    if workers:
+        raise RequestError("workers", "{workers} starts our engine's (torch) search processes: "
+                                      "CTranslate2's {threads} search its sub-batches side "
+                                      "by side already; leave {workers} out")
     if ensemble:
         raise ExportError("the ctranslate2 engine does not decode ensembles (CTranslate2 has "
                           "no ensemble decoding): use the torch engine's --ensemble with the "
