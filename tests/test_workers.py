@@ -14,7 +14,7 @@ import signal
 
 import pytest
 import torch
-from conftest import MULTI30K_SLICE, run_command
+from conftest import MULTI30K_SLICE, assert_one_line, run_command
 
 from transformer.data.batching import dealt
 from transformer.decoding.request import DecodingRequest, RequestError, Sampling, check_workers
@@ -22,6 +22,7 @@ from transformer.decoding.search import BatchJob, search_batch
 from transformer.decoding.translator import Translator
 from transformer.decoding.workers import SearchWorkers
 from transformer.deploy.engines import load_translator
+from transformer.errors import SearchProcessError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -111,9 +112,20 @@ def test_every_process_searches(with_workers, in_process, lines, monkeypatch):
 
 def test_a_process_that_cannot_load_is_named(tmp_path):
     missing = tmp_path / "missing.pt"
-    with pytest.raises(RuntimeError, match=r"search process \d could not load its model: "
+    with pytest.raises(SearchProcessError, match=r"search process \d could not load its model: "
                                             r".*CheckpointError.*missing\.pt"):
         SearchWorkers(functools.partial(Translator.load, missing, "cpu"), 1)
+
+
+def test_a_search_that_fails_in_a_process_is_one_line(with_workers):
+    """A batch the model cannot read (an id past its vocabulary): the process's error, on
+    one line; the process keeps serving."""
+    vocabulary = with_workers.model.config.src_vocab_size
+    with pytest.raises(SearchProcessError, match=r"search process \d failed: \w+Error") as e:
+        with_workers.workers.search(BatchJob([[vocabulary + 5, 3]], None, None, 0),
+                                    DecodingRequest(beam_size=2))
+    assert_one_line(e.value)
+    assert len(with_workers.translate(["Ein Mann.", "Eine Frau."])) == 2
 
 
 def test_a_process_that_ends_is_named_and_the_translator_goes_on(en_de_checkpoint, lines):
@@ -121,10 +133,10 @@ def test_a_process_that_ends_is_named_and_the_translator_goes_on(en_de_checkpoin
     process = translator.workers._processes[0]
     os.kill(process.pid, signal.SIGKILL)
     process.join()
-    with pytest.raises(RuntimeError, match=rf"search process 0 \(pid {process.pid}\) ended "
+    with pytest.raises(SearchProcessError, match=rf"search process 0 \(pid {process.pid}\) ended "
                                            r"while searching a batch, exit code -9"):
         translator.translate(lines[:3])
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(SearchProcessError, match="closed"):
         translator.translate(lines[:3])
     translator.close()  # searches in this process from now on
     assert translator.workers is None and len(translator.translate(lines[:3])) == 3

@@ -18,7 +18,7 @@ import importlib
 from types import ModuleType
 
 __all__ = ["TransformerError", "ConfigError", "DataError", "WriteError", "CheckpointError",
-           "ExportError", "TrainingError", "MissingDependency", "require"]
+           "ExportError", "TrainingError", "SearchProcessError", "MissingDependency", "require"]
 
 
 class TransformerError(Exception):
@@ -51,6 +51,11 @@ class ExportError(TransformerError, RuntimeError):
 
 class TrainingError(TransformerError, RuntimeError):
     """Training cannot go on (e.g. too many non-finite losses in a row, a full disk)."""
+
+
+class SearchProcessError(TransformerError, RuntimeError):
+    """A search process (`--workers`) that could not load its model, ended (killed, out of
+    memory) or failed during a search; names the process, and its exit code or the error."""
 
 
 class MissingDependency(TransformerError, ImportError):

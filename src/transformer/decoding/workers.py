@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from .. import hardware
+from ..errors import SearchProcessError
 from .request import DecodingRequest
 from .search import BatchJob, Hypothesis, search_batch
 
@@ -36,6 +37,11 @@ class _Failure:
     exception of any type, its traceback included, without unpickling it)."""
 
     error: str
+
+    @property
+    def line(self) -> str:
+        """The error's own line: the traceback's last."""
+        return self.error.strip().splitlines()[-1]
 
 
 class SearchWorkers:
@@ -69,15 +75,16 @@ class SearchWorkers:
                 raise self._ended(index, "loading its model") from None
             if isinstance(reply, _Failure):
                 self.close()
-                raise RuntimeError(f"search process {index} could not load its model: "
-                                   f"{reply.error.strip().splitlines()[-1]}")
+                raise SearchProcessError(f"search process {index} could not load its model: "
+                                         f"{reply.line}")
             self._idle.put(index)
 
     def search(self, job: BatchJob, request: DecodingRequest) -> list[list[Hypothesis]]:
         """`search.search_batch(model, job, request)` in an idle search process -> each
         sentence's n-best list; waits for a process to be free, then for its result."""
         if not self._finalizer.alive:
-            raise RuntimeError("the search processes were closed")
+            raise SearchProcessError("the search processes were closed (after one ended, or "
+                                     "by close())")
         index = self._idle.get()
         try:
             self._connections[index].send((job, request))
@@ -87,21 +94,21 @@ class SearchWorkers:
         finally:
             self._idle.put(index)
         if isinstance(reply, _Failure):
-            raise RuntimeError(f"search process {index} failed: {reply.error}")
+            raise SearchProcessError(f"search process {index} failed: {reply.line}")
         return reply
 
     def close(self) -> None:
         """End the processes (each finishes the batch it is searching first)."""
         self._finalizer()
 
-    def _ended(self, index: int, doing: str) -> RuntimeError:
+    def _ended(self, index: int, doing: str) -> SearchProcessError:
         """The error of process `index`, which ended (killed, out of memory) instead of
         replying, naming it and its exit code; the others are ended too."""
         process = self._processes[index]
         process.join(timeout=5)
         self.close()
-        return RuntimeError(f"search process {index} (pid {process.pid}) ended while {doing}, "
-                            f"exit code {process.exitcode}")
+        return SearchProcessError(f"search process {index} (pid {process.pid}) ended while "
+                                  f"{doing}, exit code {process.exitcode}")
 
 
 def _close(processes: list[multiprocessing.process.BaseProcess],
