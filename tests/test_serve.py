@@ -468,6 +468,37 @@ def test_script_bad_checkpoint_exits_1_with_one_line(tmp_path, capsys):
     assert "no checkpoint_best.pt" in capsys.readouterr().err
 
 
+def test_the_server_loads_its_model_on_the_thread_that_runs_it(random_checkpoint,
+                                                                monkeypatch):
+    """`transformer serve` computes on one thread only, the model thread: loading and every
+    translation (a second thread computing at several threads would make OpenMP a second
+    pool of threads, `serve.model_thread`)."""
+    import uvicorn
+
+    threads = {}
+    load = serve_command.load_model
+
+    def loaded(args):
+        threads["load"] = threading.current_thread()
+        return load(args)
+
+    def served(app, **options):  # instead of listening: one request through the app
+        search = Translator._search
+
+        def searched(self, *args, **kwargs):
+            threads["search"] = threading.current_thread()
+            return search(self, *args, **kwargs)
+
+        monkeypatch.setattr(Translator, "_search", searched)
+        with TestClient(app) as client:
+            assert client.post("/translate", json={"text": LINES[:2]}).status_code == 200
+
+    monkeypatch.setattr(serve_command, "load_model", loaded)
+    monkeypatch.setattr(uvicorn, "run", served)
+    assert serve_command.main(["--checkpoint", str(random_checkpoint), "--threads", "2"]) == 0
+    assert threads["load"] is threads["search"] is not threading.main_thread()
+
+
 def test_script_accepts_only_known_engines_and_listens_locally_by_default():
     parser = serve_command.build_parser()
     with pytest.raises(SystemExit):

@@ -35,10 +35,11 @@ def run(args: argparse.Namespace) -> None:
     check_counts(args)
     require("fastapi", extra="serve", feature="transformer serve")  # what ..serve builds on
     uvicorn = require("uvicorn", extra="serve", feature="transformer serve")
-    from ..deploy.serve import create_app
+    from ..deploy.serve import create_app, model_thread
 
-    translator = load_model(args)
-    uvicorn.run(create_app(translator), host=args.host, port=args.port,
+    executor = model_thread()  # loads the model, then runs it (`model_thread`)
+    translator = executor.submit(load_model, args).result()
+    uvicorn.run(create_app(translator, executor=executor), host=args.host, port=args.port,
                 access_log=args.access_log, log_level="info")
 
 

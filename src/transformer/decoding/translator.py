@@ -444,7 +444,9 @@ class Translator(BaseTranslator):
     `threads`: the CPU threads its searches compute with; None: the process's count when the
     translator is made. Each search pins that count for its duration and restores the
     process's after it, so another engine in the same process (loading a CTranslate2 model
-    sets the OpenMP thread count PyTorch shares to 1) does not change ours.
+    sets the OpenMP thread count PyTorch shares to 1) does not change ours. Load and use it
+    on one thread (`serve.model_thread`): two threads computing at several threads each make
+    two pools of OpenMP threads, which on as many cores wake each other slowly.
 
     `workers`: search processes (`load(..., workers=N)`, `workers.SearchWorkers`), which
     then search every batch; None: this process does. `close` ends them.

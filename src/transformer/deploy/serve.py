@@ -63,7 +63,7 @@ from ..tools.attention_maps import KINDS, attention_layers, attention_maps, axis
 __all__ = ["MAX_SENTENCES", "MAX_CHARS", "MAX_BEAM", "MAX_BODY_BYTES", "TranslateRequest",
            "AttentionRequest", "ApiError", "read_request", "source_tokens", "BatchLimits",
            "Batcher", "check_prefixes", "check_constraints", "translate_response",
-           "attention_report", "server_info", "create_app"]
+           "attention_report", "server_info", "model_thread", "create_app"]
 
 log = logging.getLogger(__name__)
 
@@ -471,10 +471,21 @@ def server_info(translator: BaseTranslator) -> dict[str, Any]:
 
 # ---- the app --------------------------------------------------------------------------------
 
-def create_app(translator: BaseTranslator, batching: BatchLimits = BatchLimits()) -> FastAPI:
-    """The FastAPI app serving `translator` (fixed for the app's life). The batcher's worker
-    runs between the app's startup and shutdown (`with TestClient(app)` in tests)."""
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+def model_thread() -> ThreadPoolExecutor:
+    """The thread the model computes on: every search and attention report. A translator
+    loaded on it too (`transformer serve`) leaves the process one pool of OpenMP threads:
+    with a second one, made by computing on the main thread at more than one thread, the
+    OpenMP threads outnumber the cores and sleep between operators, and each operator then
+    waits to wake them (a lone sentence 2x slower at 2 threads on 2 cores)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+
+
+def create_app(translator: BaseTranslator, batching: BatchLimits = BatchLimits(),
+               executor: ThreadPoolExecutor | None = None) -> FastAPI:
+    """The FastAPI app serving `translator` (fixed for the app's life) on the model thread,
+    `executor` (one worker; by default a new one), shut down with the app. The batcher's
+    worker runs between the app's startup and shutdown (`with TestClient(app)` in tests)."""
+    executor = executor or model_thread()
     state: dict[str, Batcher] = {}
 
     @contextlib.asynccontextmanager
