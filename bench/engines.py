@@ -128,8 +128,8 @@ INT8 = ("ct2 int8", MAPPED)
 FLOAT32 = ("ct2 float32", "ct2 float32 + vmap")
 # our row -> the CTranslate2 row it is held to: ours at least MIN_RATIO x its sentences/s at
 # every thread count, and (float32) the same output on at least MIN_IDENTICAL of the inputs
-COMPARED = {"torch": "ct2 float32", QUANTIZED: "ct2 int8", "torch workers": "ct2 float32",
-            "torch int8 workers": "ct2 int8"}
+COMPARED = {"torch": "ct2 float32", QUANTIZED: "ct2 int8"}
+COMPARED |= {row: COMPARED[ours] for row, ours in WORKERS.items()}  # as our one-process row
 MIN_RATIO, MIN_IDENTICAL = 0.8, 0.99
 # --lines: a pass translates at most this many lines in requests of N (one request of N where
 # N is larger); ours against CTranslate2's sentences/s at each request size, at least:

@@ -17,6 +17,7 @@ threads share one interpreter lock, processes do not.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -63,12 +64,10 @@ def search_corpus(model: Transformer | Ensemble, sources: Sequence[Sequence[int]
                         None if constraints is None else [constraints[i] for i in batch],
                         batch[0])
 
-    if workers is None:
-        def search(batch: list[int]) -> list[list[Hypothesis]]:
-            return search_batch(model, job(batch), request)
-    else:
-        def search(batch: list[int]) -> list[list[Hypothesis]]:
-            return workers.search(job(batch), request)
+    run = functools.partial(search_batch, model) if workers is None else workers.search
+
+    def search(batch: list[int]) -> list[list[Hypothesis]]:
+        return run(job(batch), request)
 
     return decode_batches(sources, search, nbest=request.nbest, max_tokens=max_tokens,
                           max_sentences=max(1, hardware.TUNING.decode_max_rows

@@ -510,8 +510,9 @@ class Translator(BaseTranslator):
         `workers` > 0 (CPU only): that many search processes, each loading the checkpoints
         on one thread (a script that starts them runs under `if __name__ == "__main__":`).
         Raises CheckpointError or ConfigError with a one-line message."""
-        check_quantize(quantize, resolve_device(device))  # before reading the checkpoint
-        check_workers(workers, resolve_device(device))
+        resolved = resolve_device(device)  # the options checked before reading the checkpoint
+        check_quantize(quantize, resolved)
+        check_workers(workers, resolved)
         paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
         files = [resolve_checkpoint(p) for p in paths]
         if ensemble:
